@@ -1,0 +1,98 @@
+"""Every check CI needs. Bare ``nox`` (the README's test command) runs the default sessions."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench"]
+
+# The CPU build of torch lies on local disk here; pinning it keeps CI from pulling a CUDA build.
+TORCH = os.environ.get("PAGEDPREFIX_TORCH", "torch==2.13.0")
+DEV = ["pytest>=8", "pytest-benchmark>=4", "hypothesis>=6.100"]
+
+
+def install_package(session: nox.Session, *extras: str) -> None:
+    """Install pagedprefix non-editable (so the folder mapping is what users get)."""
+    if "kernels" in extras:
+        session.install(TORCH)
+    spec = "." if not extras else f".[{','.join(extras)}]"
+    session.install(spec)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, tests and tooling."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the installed, non-editable package."""
+    install_package(session, "kernels", "plot")
+    session.install("mypy>=1.10")
+    site = session.run(
+        "python", "-c", "import pagedprefix, os; print(os.path.dirname(pagedprefix.__file__))",
+        silent=True,
+    )
+    assert isinstance(site, str)
+    # Run from a temp dir so the checkout's folders cannot shadow the installed package.
+    with session.chdir(session.create_tmp()):
+        session.run("mypy", "--strict", "--config-file", os.path.join(os.path.dirname(__file__), "pyproject.toml"), site.strip().splitlines()[-1])
+
+
+@nox.session
+def crosshair(session: nox.Session) -> None:
+    """CrossHair on the spec's contracts; fails on any counterexample."""
+    install_package(session)
+    session.install("crosshair-tool>=0.0.80", "pytest>=8")
+    session.run(
+        "crosshair", "check", "--analysis_kind=asserts", "--per_condition_timeout=8",
+        "pagedprefix.spec.arith", "pagedprefix.spec.contracts",
+    )
+    # The session must bite: a deliberately wrong function has to be reported.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_crosshair_bites.py")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit, vector and stateful tests (Hypothesis profile ``ci``), kernels excluded."""
+    install_package(session, "kernels", "plot")
+    session.install(*DEV)
+    session.run(
+        "pytest", "-q", "-m", "not kernels and not slow", "-p", "no:cacheprovider",
+        *session.posargs, env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")},
+    )
+
+
+@nox.session
+def vectors(session: nox.Session) -> None:
+    """Regenerate the shipped test vectors and fail if they differ from the committed ones."""
+    install_package(session)
+    session.run("python", "-m", "pagedprefix.spec.vectors", "--check")
+
+
+@nox.session
+def kernels(session: nox.Session) -> None:
+    """Triton kernels under the interpreter (CPU), against the torch reference and dense attention."""
+    install_package(session, "kernels")
+    session.install(*DEV)
+    session.run(
+        "pytest", "-q", "-m", "kernels", "-p", "no:cacheprovider", *session.posargs,
+        env={"TRITON_INTERPRET": "1", "HYPOTHESIS_PROFILE": "ci"},
+    )
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Quick performance gate: ratios measured in one run, gated at 50% of each target."""
+    install_package(session, "kernels")
+    session.install(*DEV)
+    session.run(
+        "pytest", "-q", "-p", "no:cacheprovider", "benchmarks", "--benchmark-enable",
+        "--benchmark-min-rounds=5", *session.posargs, env={"PAGEDPREFIX_BENCH": "quick"},
+    )

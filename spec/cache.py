@@ -1,0 +1,491 @@
+"""The executable specification of prefix sharing over a paged KV cache (SEMANTICS.md sections 3-5).
+
+:class:`SpecCache` is the oracle: every other engine is compared with it. It favours obviousness
+over speed: plain lists and dicts, keys recomputed from scratch, linear scans of the
+free_block_queue. Each operation first checks everything that can fail (in the precedence order
+request id, tokens, extras, capacity) and only then changes state, so a failed operation leaves the
+state exactly as it was.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .arith import blocks_needed, capacity, max_hit_blocks
+from .errors import (
+    DuplicateRequest,
+    InvalidConfig,
+    InvalidRequestId,
+    InvalidTokens,
+    OutOfBlocks,
+    UnknownRequest,
+)
+from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields, check_extras
+from .keys import HASH_ALGOS, HASH_FUNCTIONS, SEEDED_BY_DEFAULT, chain_keys, root_key
+
+RequestId = str | int
+FREE_ORDERS: tuple[str, ...] = ("unhashed_to_head", "append_all")
+MAX_TOKEN = 2**32
+
+# What a cached block remembers for verify_tokens: the whole prefix it stands for (its tokens and
+# every earlier token, and the extra fields of every block up to it).
+BlockContent = tuple[tuple[int, ...], tuple[tuple[ExtraField, ...], ...]]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Everything fixed for the life of a cache.
+
+    Attributes:
+        block_size: tokens per block ``B`` (>= 1).
+        num_blocks: physical blocks ``N`` (>= 1), ids ``0 .. N-1``, all usable.
+        hash_algo: ``"sha256"`` (default), ``"xxh3_128"`` or ``"weak8"`` (tests only).
+        hash_seed: 64-bit seed mixed into the root. ``None`` means: a secret random seed for
+            ``xxh3_128`` (non-cryptographic), no seed for the others.
+        namespace: identity of everything constant for the cache that changes KV values (model,
+            weights version, KV dtype, positional encoding); different namespaces never share.
+        free_order: ``"unhashed_to_head"`` (default; vLLM after #42656: a freed block without a key
+            goes to the head of the free_block_queue, keyed ones to the tail) or ``"append_all"``
+            (older vLLM v1: every freed block to the tail).
+        dedup_on_full: ``False`` (default; vLLM v1: a block that fills up with an already-cached key
+            is kept as a duplicate) or ``True`` (vLLM v0: it is swapped for the cached block).
+        verify_tokens: a key hit whose remembered content differs counts as a miss.
+    """
+
+    block_size: int
+    num_blocks: int
+    hash_algo: str = "sha256"
+    hash_seed: int | None = None
+    namespace: str = ""
+    free_order: str = "unhashed_to_head"
+    dedup_on_full: bool = False
+    verify_tokens: bool = False
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_config(config: CacheConfig) -> None:
+    """Raise :class:`InvalidConfig` unless every field of ``config`` is valid."""
+    if not isinstance(config, CacheConfig):
+        raise InvalidConfig(f"expected a CacheConfig, got {type(config).__name__}")
+    if not _is_int(config.block_size) or config.block_size < 1:
+        raise InvalidConfig(f"block_size must be an int >= 1, got {config.block_size!r}")
+    if not _is_int(config.num_blocks) or config.num_blocks < 1:
+        raise InvalidConfig(f"num_blocks must be an int >= 1, got {config.num_blocks!r}")
+    if config.hash_algo not in HASH_ALGOS:
+        raise InvalidConfig(f"unknown hash_algo {config.hash_algo!r}; choose from {HASH_ALGOS}")
+    seed = config.hash_seed
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**64):
+        raise InvalidConfig(f"hash_seed must be None or an int in [0, 2**64), got {seed!r}")
+    if not isinstance(config.namespace, str):
+        raise InvalidConfig("namespace must be a str")
+    if config.free_order not in FREE_ORDERS:
+        raise InvalidConfig(f"unknown free_order {config.free_order!r}; choose from {FREE_ORDERS}")
+    if not isinstance(config.dedup_on_full, bool) or not isinstance(config.verify_tokens, bool):
+        raise InvalidConfig("dedup_on_full and verify_tokens must be bools")
+
+
+def resolve_seed(config: CacheConfig) -> int | None:
+    """The seed the root uses: the pinned one, else a secret random one for unseeded fast hashes."""
+    if config.hash_seed is None and config.hash_algo in SEEDED_BY_DEFAULT:
+        return secrets.randbits(64)
+    return config.hash_seed
+
+
+def check_request_id(request_id: object) -> None:
+    """Raise :class:`InvalidRequestId` unless the id is a ``str`` or an ``int`` (not a ``bool``)."""
+    if not (isinstance(request_id, str) or _is_int(request_id)):
+        raise InvalidRequestId(f"request id must be a str or an int, got {type(request_id).__name__}")
+
+
+def check_tokens(tokens: object) -> list[int]:
+    """A copy of ``tokens`` as a list; :class:`InvalidTokens` unless it is a non-empty list or tuple
+    of ints in ``[0, 2**32)`` (``bool`` rejected)."""
+    if not isinstance(tokens, (list, tuple)):
+        raise InvalidTokens(f"tokens must be a list or tuple of ints, got {type(tokens).__name__}")
+    if len(tokens) == 0:
+        raise InvalidTokens("tokens must not be empty")
+    for t in tokens:
+        if not _is_int(t) or not 0 <= t < MAX_TOKEN:
+            raise InvalidTokens(f"token ids must be ints in [0, 2**32), got {t!r}")
+    return list(tokens)
+
+
+@dataclass
+class Block:
+    """A physical block: its ref_cnt, its key (``block_hash``) once full, and its content for
+    ``verify_tokens``."""
+
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+    content: BlockContent | None = None
+
+
+@dataclass
+class Request:
+    """A live request: its tokens, extras and block_table (physical block ids in order)."""
+
+    tokens: list[int]
+    extras: Extras
+    block_table: list[int]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Result of an admission: the prefix served from cache (a multiple of ``block_size``, in
+    tokens) and the request's block_table."""
+
+    num_computed_tokens: int
+    block_table: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Result of a decode step: the copy-on-write copies ``(src, dst)`` the KV cache must execute
+    before writing the new tokens, and the request's block_table after the step."""
+
+    copies: tuple[tuple[int, int], ...]
+    block_table: tuple[int, ...]
+
+
+RequestView = tuple[RequestId, tuple[int, ...], Extras, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every observable of a cache state; two snapshots are equal exactly when the states are.
+
+    ``cached`` lists ``(key, blocks in insertion order)`` sorted by key; ``requests`` lists
+    ``(id, tokens, extras, block_table)`` with int ids first, each kind sorted.
+    ``contents`` is kept only under ``verify_tokens`` (all ``None`` otherwise).
+    """
+
+    ref_cnt: tuple[int, ...]
+    block_hash: tuple[bytes | None, ...]
+    contents: tuple[BlockContent | None, ...]
+    free_block_queue: tuple[int, ...]
+    cached: tuple[tuple[bytes, tuple[int, ...]], ...]
+    requests: tuple[RequestView, ...]
+    num_evictions: int
+    num_verify_misses: int
+
+
+def request_sort_key(request_id: RequestId) -> tuple[bool, RequestId]:
+    """Ints before strs, each in natural order (``1`` and ``"1"`` are different ids)."""
+    return (isinstance(request_id, str), request_id)
+
+
+@dataclass
+class SpecCache:
+    """The reference prefix cache. Build it with ``SpecCache.create(config)``.
+
+    State (SEMANTICS.md section 3): ``blocks``; ``cached`` (key -> blocks holding it, insertion
+    order, in-use and evictable alike); ``free_block_queue`` (exactly the blocks with ref_cnt 0,
+    head evicted first, initially ``[0, 1, …, N-1]``); ``requests``.
+    """
+
+    config: CacheConfig
+    hash_seed: int | None
+    root: bytes
+    blocks: list[Block]
+    cached: dict[bytes, list[int]] = field(default_factory=dict)
+    free_block_queue: list[int] = field(default_factory=list)
+    requests: dict[RequestId, Request] = field(default_factory=dict)
+    num_evictions: int = 0
+    num_verify_misses: int = 0
+
+    @classmethod
+    def create(cls, config: CacheConfig) -> SpecCache:
+        """A cache with every block free. Raises :class:`InvalidConfig`."""
+        check_config(config)
+        seed = resolve_seed(config)
+        root = root_key(config.hash_algo, config.block_size, config.namespace, seed)
+        return cls(
+            config=config,
+            hash_seed=seed,
+            root=root,
+            blocks=[Block() for _ in range(config.num_blocks)],
+            free_block_queue=list(range(config.num_blocks)),
+        )
+
+    # ----- keys and content -------------------------------------------------------------------
+
+    def block_keys(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> list[bytes]:
+        """Keys of the full blocks of ``tokens`` under this cache's root (no validation)."""
+        hash_fn = HASH_FUNCTIONS[self.config.hash_algo]
+        return chain_keys(hash_fn, self.root, tokens, extras, self.config.block_size)
+
+    def _content(self, tokens: Sequence[int], extras: Extras, block_index: int) -> BlockContent | None:
+        """What block ``block_index`` stands for, remembered only under ``verify_tokens``."""
+        if not self.config.verify_tokens:
+            return None
+        end = (block_index + 1) * self.config.block_size
+        fields = tuple(block_extra_fields(extras, i, self.config.block_size) for i in range(block_index + 1))
+        return (tuple(tokens[:end]), fields)
+
+    # ----- the cached index -------------------------------------------------------------------
+
+    def _find_cached(self, key: bytes, content: BlockContent | None) -> int | None:
+        """The earliest inserted surviving block with ``key`` (and, under ``verify_tokens``, with
+        equal content); ``None`` on a miss."""
+        for b in self.cached.get(key, []):
+            if not self.config.verify_tokens or self.blocks[b].content == content:
+                return b
+        return None
+
+    def _hit_blocks(self, tokens: Sequence[int], extras: Extras) -> tuple[list[int], bool]:
+        """The longest run of leading cached blocks, stopping at the first miss and capped so the
+        last prompt token is recomputed; and whether the run ended on a verify_tokens mismatch."""
+        keys = self.block_keys(tokens, extras)
+        cap = max_hit_blocks(len(tokens), self.config.block_size)
+        hits: list[int] = []
+        for i, key in enumerate(keys[:cap]):
+            b = self._find_cached(key, self._content(tokens, extras, i))
+            if b is None:
+                return hits, key in self.cached
+            hits.append(b)
+        return hits, False
+
+    def _register(self, request: Request, block_index: int, key: bytes) -> None:
+        """Give a newly full block its key. Under ``dedup_on_full``, a key already cached on another
+        block swaps that block into the table and releases the new one like a keyless freed block."""
+        b = request.block_table[block_index]
+        assert self.blocks[b].block_hash is None and self.blocks[b].ref_cnt == 1
+        content = self._content(request.tokens, request.extras, block_index)
+        if self.config.dedup_on_full:
+            other = self._find_cached(key, content)
+            if other is not None:
+                request.block_table[block_index] = other
+                self._touch(other)
+                self._release(b)
+                return
+        self.blocks[b].block_hash = key
+        self.blocks[b].content = content
+        self.cached.setdefault(key, []).append(b)
+
+    def _register_full_blocks(self, request: Request, first: int) -> None:
+        """Register blocks ``first ..`` that are full, in table order."""
+        keys = self.block_keys(request.tokens, request.extras)
+        for i in range(first, len(keys)):
+            self._register(request, i, keys[i])
+
+    def _evict(self, b: int) -> None:
+        """Drop block ``b``'s key from the index: it is about to hold other content."""
+        key = self.blocks[b].block_hash
+        assert key is not None
+        self.cached[key].remove(b)
+        if not self.cached[key]:
+            del self.cached[key]
+        self.blocks[b].block_hash = None
+        self.blocks[b].content = None
+        self.num_evictions += 1
+
+    # ----- the free_block_queue ---------------------------------------------------------------
+
+    def _touch(self, b: int) -> None:
+        """One more reference to ``b``; an evictable block leaves the free_block_queue."""
+        if self.blocks[b].ref_cnt == 0:
+            self.free_block_queue.remove(b)
+        self.blocks[b].ref_cnt += 1
+
+    def _pop_free(self) -> int:
+        """Take the head of the free_block_queue for new content, evicting its key if it has one."""
+        b = self.free_block_queue.pop(0)
+        assert self.blocks[b].ref_cnt == 0
+        if self.blocks[b].block_hash is not None:
+            self._evict(b)
+        self.blocks[b].ref_cnt = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        """One reference fewer; a block reaching ref_cnt 0 joins the free_block_queue: at the tail,
+        or at the head when it has no key and ``free_order == "unhashed_to_head"`` (it can never be
+        hit, so it should be reused first)."""
+        assert self.blocks[b].ref_cnt >= 1
+        self.blocks[b].ref_cnt -= 1
+        if self.blocks[b].ref_cnt > 0:
+            return
+        if self.blocks[b].block_hash is None and self.config.free_order == "unhashed_to_head":
+            self.free_block_queue.insert(0, b)
+        else:
+            self.free_block_queue.append(b)
+
+    # ----- checks shared by operations --------------------------------------------------------
+
+    def _check_new_id(self, request_id: object) -> None:
+        check_request_id(request_id)
+        if request_id in self.requests:
+            raise DuplicateRequest(f"request {request_id!r} is already live")
+
+    def _check_live_id(self, request_id: object) -> Request:
+        check_request_id(request_id)
+        request = self.requests.get(request_id)  # type: ignore[arg-type]
+        if request is None:
+            raise UnknownRequest(f"request {request_id!r} is not live")
+        return request
+
+    # ----- operations -------------------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+        """``num_computed_tokens`` an admission of ``tokens`` would get now. Changes nothing.
+
+        Raises :class:`InvalidTokens`, :class:`InvalidExtras`.
+        """
+        token_list = check_tokens(tokens)
+        check_extras(extras, len(token_list))
+        hits, _ = self._hit_blocks(token_list, extras)
+        return len(hits) * self.config.block_size
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        """Admit a request: touch its cached leading blocks, pop the rest from the head of the
+        free_block_queue (evicting their keys), and register every full new block.
+
+        Raises :class:`InvalidRequestId`, :class:`DuplicateRequest`, :class:`InvalidTokens`,
+        :class:`InvalidExtras`, :class:`OutOfBlocks` (evictable hits count against capacity).
+        """
+        self._check_new_id(request_id)
+        token_list = check_tokens(tokens)
+        check_extras(extras, len(token_list))
+        hits, verify_miss = self._hit_blocks(token_list, extras)
+        total = blocks_needed(len(token_list), self.config.block_size)
+        need = total - len(hits)
+        evictable = len({b for b in hits if self.blocks[b].ref_cnt == 0})
+        available = capacity(len(self.free_block_queue), evictable)
+        if need > available:
+            raise OutOfBlocks(need, available, self.config.num_blocks, total)
+
+        self.num_verify_misses += int(verify_miss)
+        for b in hits:
+            self._touch(b)
+        fresh = [self._pop_free() for _ in range(need)]
+        request = Request(token_list, extras, hits + fresh)
+        self.requests[request_id] = request
+        self._register_full_blocks(request, first=len(hits))
+        return Allocation(len(hits) * self.config.block_size, tuple(request.block_table))
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+        """Extend a request by decoded ``tokens``.
+
+        A shared partial last block is copied on write first (a popped block ``dst`` takes the
+        place of ``src``, ``src.ref_cnt -= 1``, the copy is reported); blocks are popped as the
+        tokens need them; blocks that become full get keys. Full blocks are never written again.
+
+        Raises :class:`InvalidRequestId`, :class:`UnknownRequest`, :class:`InvalidTokens`,
+        :class:`OutOfBlocks`.
+        """
+        request = self._check_live_id(request_id)
+        token_list = check_tokens(tokens)
+        size = self.config.block_size
+        old_len = len(request.tokens)
+        new_len = old_len + len(token_list)
+        cow = old_len % size != 0 and self.blocks[request.block_table[-1]].ref_cnt > 1
+        grow = blocks_needed(new_len, size) - blocks_needed(old_len, size)
+        need = int(cow) + grow
+        if need > len(self.free_block_queue):
+            total = blocks_needed(new_len, size)
+            raise OutOfBlocks(need, len(self.free_block_queue), self.config.num_blocks, total)
+
+        copies: list[tuple[int, int]] = []
+        if cow:
+            src = request.block_table[-1]
+            dst = self._pop_free()
+            self.blocks[src].ref_cnt -= 1
+            request.block_table[-1] = dst
+            copies.append((src, dst))
+        request.tokens.extend(token_list)
+        request.block_table.extend(self._pop_free() for _ in range(grow))
+        self._register_full_blocks(request, first=old_len // size)
+        return AppendResult(tuple(copies), tuple(request.block_table))
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        """The child shares every block of the parent (``ref_cnt += 1`` each); nothing is copied
+        until a write (parallel sampling, beam search).
+
+        Raises :class:`InvalidRequestId`, :class:`UnknownRequest` (parent), then
+        :class:`InvalidRequestId`, :class:`DuplicateRequest` (child).
+        """
+        parent = self._check_live_id(parent_id)
+        self._check_new_id(child_id)
+        for b in parent.block_table:
+            self.blocks[b].ref_cnt += 1
+        self.requests[child_id] = Request(list(parent.tokens), parent.extras, list(parent.block_table))
+
+    def free(self, request_id: RequestId) -> None:
+        """Release a request's blocks walking its block_table in reverse, so that a chain's tail is
+        evicted before its head (vLLM v1). Keys stay until eviction.
+
+        Raises :class:`InvalidRequestId`, :class:`UnknownRequest`.
+        """
+        request = self._check_live_id(request_id)
+        del self.requests[request_id]
+        for b in reversed(request.block_table):
+            self._release(b)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every key, only when no block is in use; the free_block_queue order is kept.
+
+        Returns False and changes nothing while any block has ``ref_cnt > 0``.
+        """
+        if any(block.ref_cnt > 0 for block in self.blocks):
+            return False
+        self.cached.clear()
+        for block in self.blocks:
+            block.block_hash = None
+            block.content = None
+        return True
+
+    # ----- observations -----------------------------------------------------------------------
+
+    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
+        """The request's block_table. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
+        return tuple(self._check_live_id(request_id).block_table)
+
+    def num_tokens(self, request_id: RequestId) -> int:
+        """Tokens the request holds. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
+        return len(self._check_live_id(request_id).tokens)
+
+    def ref_cnt(self, block_id: int) -> int:
+        """References to a physical block from live block tables."""
+        return self.blocks[block_id].ref_cnt
+
+    def block_hash(self, block_id: int) -> bytes | None:
+        """The key of a physical block, or None."""
+        return self.blocks[block_id].block_hash
+
+    def num_free_blocks(self) -> int:
+        """Blocks with ``ref_cnt == 0`` (some may still be cached and hittable)."""
+        return len(self.free_block_queue)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        """The free_block_queue, head (evicted first) to tail."""
+        return tuple(self.free_block_queue)
+
+    def cached_blocks(self, key: bytes) -> tuple[int, ...]:
+        """Blocks holding ``key``, in insertion order."""
+        return tuple(self.cached.get(key, []))
+
+    def request_ids(self) -> tuple[RequestId, ...]:
+        """Live request ids, ints first, each kind sorted."""
+        return tuple(sorted(self.requests, key=request_sort_key))
+
+    def snapshot(self) -> Snapshot:
+        """Every observable of the current state (see :class:`Snapshot`)."""
+        return Snapshot(
+            ref_cnt=tuple(b.ref_cnt for b in self.blocks),
+            block_hash=tuple(b.block_hash for b in self.blocks),
+            contents=tuple(b.content for b in self.blocks),
+            free_block_queue=tuple(self.free_block_queue),
+            cached=tuple(sorted((k, tuple(v)) for k, v in self.cached.items())),
+            requests=tuple(
+                (rid, tuple(r.tokens), r.extras, tuple(r.block_table))
+                for rid, r in sorted(self.requests.items(), key=lambda kv: request_sort_key(kv[0]))
+            ),
+            num_evictions=self.num_evictions,
+            num_verify_misses=self.num_verify_misses,
+        )

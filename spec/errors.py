@@ -1,0 +1,75 @@
+"""Typed errors of the prefix cache (SEMANTICS.md section 4).
+
+Every operation is all-or-nothing: when one of these is raised, the cache state is exactly as it
+was before the call. When several errors apply, the first in this order wins: request id, tokens,
+extras, capacity (``fork`` checks the parent before the child).
+"""
+
+from __future__ import annotations
+
+
+class PrefixCacheError(Exception):
+    """Base class of every error the prefix cache raises on bad input or lack of capacity."""
+
+
+class InvalidConfig(PrefixCacheError, ValueError):
+    """block_size or num_blocks < 1, an unknown policy or hash name, or a malformed seed."""
+
+
+class InvalidRequestId(PrefixCacheError, TypeError):
+    """A request id that is not a ``str`` or an ``int`` (``bool`` is not an int here)."""
+
+
+class DuplicateRequest(PrefixCacheError, ValueError):
+    """``allocate`` or ``fork`` onto an id that is already live."""
+
+
+class UnknownRequest(PrefixCacheError, LookupError):
+    """An operation on an id that is not live (never allocated, or already freed)."""
+
+
+class InvalidTokens(PrefixCacheError, ValueError):
+    """Tokens that are not a non-empty sequence of ints in ``[0, 2**32)`` (``bool`` rejected)."""
+
+
+class InvalidExtras(PrefixCacheError, ValueError):
+    """Malformed extra keys: LoRA, cache_salt, multimodal items or prompt embeddings."""
+
+
+class OutOfBlocks(PrefixCacheError, RuntimeError):
+    """Not enough free capacity for the operation right now.
+
+    Attributes:
+        needed: blocks the operation must pop from the free_block_queue.
+        available: blocks it could pop (free blocks minus evictable hits).
+        never_fits: True when the request needs more blocks than the whole pool has, so it can
+            never be admitted (an engine should reject it rather than wait).
+    """
+
+    def __init__(self, needed: int, available: int, num_blocks: int, total_blocks: int) -> None:
+        self.needed = needed
+        self.available = available
+        self.never_fits = total_blocks > num_blocks
+        if self.never_fits:
+            msg = (
+                f"request needs {total_blocks} blocks but the pool has only {num_blocks}: "
+                "it can never fit"
+            )
+        else:
+            msg = f"needs {needed} free blocks, only {available} available now"
+        super().__init__(msg)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+__all__ = [
+    "DuplicateRequest",
+    "InvalidConfig",
+    "InvalidExtras",
+    "InvalidRequestId",
+    "InvalidTokens",
+    "OutOfBlocks",
+    "PrefixCacheError",
+    "UnknownRequest",
+]

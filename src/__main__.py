@@ -1,0 +1,5 @@
+"""``python -m pagedprefix`` runs the command line."""
+
+from pagedprefix.cli import main
+
+main()
