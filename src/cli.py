@@ -17,10 +17,12 @@ app = typer.Typer(
 
 def _register() -> None:
     from pagedprefix.conformance.cli import register as register_conformance
+    from pagedprefix.model.cli import register as register_model
     from pagedprefix.replay.cli import register as register_replay
 
     register_conformance(app)
     register_replay(app)
+    register_model(app)
 
 
 def main() -> None:
