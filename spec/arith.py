@@ -47,6 +47,7 @@ def slot_mapping(block_table: list[int], start: int, end: int, block_size: int) 
     """Slots of positions ``start .. end - 1`` (the slot_mapping of those tokens)."""
     assert block_size >= 1
     assert 0 <= start <= end <= len(block_table) * block_size
+    assert all(b >= 0 for b in block_table)
     slots = [slot_of(block_table, p, block_size) for p in range(start, end)]
     assert len(slots) == end - start
     return slots

@@ -96,10 +96,12 @@ def resolve_seed(config: CacheConfig) -> int | None:
     return config.hash_seed
 
 
-def check_request_id(request_id: object) -> None:
-    """Raise :class:`InvalidRequestId` unless the id is a ``str`` or an ``int`` (not a ``bool``)."""
-    if not (isinstance(request_id, str) or _is_int(request_id)):
-        raise InvalidRequestId(f"request id must be a str or an int, got {type(request_id).__name__}")
+def check_request_id(request_id: object) -> RequestId:
+    """``request_id`` itself; :class:`InvalidRequestId` unless it is a ``str`` or an ``int`` (not a
+    ``bool``: ``True`` is not request 1)."""
+    if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
+        return request_id
+    raise InvalidRequestId(f"request id must be a str or an int, got {type(request_id).__name__}")
 
 
 def check_tokens(tokens: object) -> list[int]:
@@ -317,13 +319,11 @@ class SpecCache:
     # ----- checks shared by operations --------------------------------------------------------
 
     def _check_new_id(self, request_id: object) -> None:
-        check_request_id(request_id)
-        if request_id in self.requests:
+        if check_request_id(request_id) in self.requests:
             raise DuplicateRequest(f"request {request_id!r} is already live")
 
     def _check_live_id(self, request_id: object) -> Request:
-        check_request_id(request_id)
-        request = self.requests.get(request_id)  # type: ignore[arg-type]
+        request = self.requests.get(check_request_id(request_id))
         if request is None:
             raise UnknownRequest(f"request {request_id!r} is not live")
         return request

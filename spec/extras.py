@@ -116,7 +116,7 @@ def _check_mm_items(items: object, num_tokens: int) -> None:
                 f"multimodal item {item.identifier!r} [{item.start}, {item.start + item.length}) "
                 f"reaches outside the prompt of {num_tokens} tokens"
             )
-    ordered = canonical_mm_items(items)  # type: ignore[arg-type]
+    ordered = canonical_mm_items(items)
     for before, after in zip(ordered, ordered[1:]):
         if before.start + before.length > after.start:
             raise InvalidExtras(
@@ -223,3 +223,41 @@ def block_extra_fields(extras: Extras, block_index: int, block_size: int) -> tup
         if digest is not None:
             fields.append(digest)
     return tuple(fields)
+
+
+def extras_to_json(extras: Extras) -> dict[str, object]:
+    """A JSON-ready dict of ``extras`` (the form used by the key and conformance vectors).
+
+    ``prompt_embeds.data`` entries are hex strings.
+    """
+    return {
+        "lora": None if extras.lora is None else {"name": extras.lora.name, "id": extras.lora.lora_id},
+        "cache_salt": extras.cache_salt,
+        "mm_items": [
+            {"identifier": m.identifier, "start": m.start, "length": m.length} for m in extras.mm_items
+        ],
+        "prompt_embeds": None
+        if extras.prompt_embeds is None
+        else {
+            "positions": list(extras.prompt_embeds.positions),
+            "data": [d.hex() for d in extras.prompt_embeds.data],
+        },
+    }
+
+
+def extras_from_json(obj: dict[str, object]) -> Extras:
+    """The inverse of :func:`extras_to_json`; missing fields take their defaults."""
+    lora = obj.get("lora")
+    mm = obj.get("mm_items") or []
+    embeds = obj.get("prompt_embeds")
+    assert isinstance(mm, list)
+    return Extras(
+        lora=None if not isinstance(lora, dict) else LoRA(lora["name"], lora["id"]),
+        cache_salt=str(obj.get("cache_salt", "")),
+        mm_items=tuple(MultiModalItem(m["identifier"], m["start"], m["length"]) for m in mm),
+        prompt_embeds=None
+        if not isinstance(embeds, dict)
+        else PromptEmbeds(
+            tuple(embeds["positions"]), tuple(bytes.fromhex(d) for d in embeds["data"])
+        ),
+    )
