@@ -1,0 +1,50 @@
+"""Paged KV cache kernels: writing new tokens, copy-on-write block copies, and paged attention.
+
+Cache layout (per layer, design section 7): K and V are each
+``[num_blocks, block_size, num_kv_heads, head_dim]``; token position ``p`` of a request lives at slot
+``block_table[p // block_size] * block_size + p % block_size``.
+
+Each operation exists three times with the same signature and contract:
+
+- :mod:`.reference`: plain torch, the oracle;
+- :mod:`.triton_kernels`: Triton kernels (imported lazily; importing this package does not import Triton);
+- the functions exported here (from :mod:`.dispatch`), which take an extra ``backend`` keyword
+  (``"auto"``, ``"triton"`` or ``"reference"``); :func:`select_backend` tells what ``"auto"`` picks.
+
+To run the Triton kernels on CPU (Triton's interpreter), set ``TRITON_INTERPRET=1`` in the environment
+before the first Triton call of the process, and preferably before ``triton`` is imported.
+
+Errors are the typed classes of :mod:`.errors`, subclasses of ``ValueError``/``TypeError``/``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+from ._env import interpreter_requested
+from .dispatch import Backend, ResolvedBackend, copy_blocks, paged_attention, select_backend, write_kv
+from .errors import (
+    BackendUnavailableError,
+    KernelDeviceError,
+    KernelDTypeError,
+    KernelError,
+    KernelShapeError,
+    KernelValueError,
+)
+from .reference import dense_causal_attention, gather_kv
+
+__all__ = [
+    "Backend",
+    "BackendUnavailableError",
+    "KernelDTypeError",
+    "KernelDeviceError",
+    "KernelError",
+    "KernelShapeError",
+    "KernelValueError",
+    "ResolvedBackend",
+    "copy_blocks",
+    "dense_causal_attention",
+    "gather_kv",
+    "interpreter_requested",
+    "paged_attention",
+    "select_backend",
+    "write_kv",
+]

@@ -1,0 +1,442 @@
+"""Input checks shared by the reference and the Triton implementations.
+
+Each ``check_*`` function raises one of the typed errors of :mod:`.errors` with a message that names the
+argument, and returns the sizes the implementations need. Structural checks (types, shapes, dtypes,
+devices, contiguity) are always done. Checks on the *contents* of index tensors (slots, block ids,
+sequence lengths) read them on the host, which synchronizes with the device; they run when
+``check_values`` is true.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .errors import KernelDeviceError, KernelDTypeError, KernelShapeError, KernelValueError
+
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
+
+CACHE_LAYOUT = "[num_blocks, block_size, num_kv_heads, head_dim]"
+
+
+# --------------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _tensor(name: str, x: object) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise KernelDTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _ndim(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
+    if x.dim() != ndim:
+        raise KernelShapeError(f"{name} must have {ndim} dimensions {layout}, got shape {tuple(x.shape)}")
+
+
+def _float_dtype(name: str, x: torch.Tensor) -> None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise KernelDTypeError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+
+
+def _index_dtype(name: str, x: torch.Tensor) -> None:
+    if x.dtype not in INDEX_DTYPES:
+        raise KernelDTypeError(f"{name} must be an int32 or int64 tensor, got {x.dtype}")
+
+
+def _same_dtype(named: Sequence[tuple[str, torch.Tensor]]) -> None:
+    first_name, first = named[0]
+    for name, x in named[1:]:
+        if x.dtype != first.dtype:
+            raise KernelDTypeError(f"{name} has dtype {x.dtype} but {first_name} has dtype {first.dtype}")
+
+
+def _same_device(named: Sequence[tuple[str, torch.Tensor]]) -> torch.device:
+    first_name, first = named[0]
+    for name, x in named[1:]:
+        if x.device != first.device:
+            raise KernelDeviceError(f"{name} is on {x.device} but {first_name} is on {first.device}")
+    return first.device
+
+
+def _contiguous(name: str, x: torch.Tensor) -> None:
+    if not x.is_contiguous():
+        raise KernelShapeError(f"{name} must be contiguous (layout {CACHE_LAYOUT})")
+
+
+def _int_arg(name: str, x: object, minimum: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise KernelDTypeError(f"{name} must be an int, got {type(x).__name__}")
+    if x < minimum:
+        raise KernelValueError(f"{name} must be >= {minimum}, got {x}")
+    return x
+
+
+def _check_cache_pair(
+    key_name: str, key_cache: object, value_name: str, value_cache: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    kc = _tensor(key_name, key_cache)
+    vc = _tensor(value_name, value_cache)
+    _ndim(key_name, kc, 4, CACHE_LAYOUT)
+    _ndim(value_name, vc, 4, CACHE_LAYOUT)
+    if kc.shape != vc.shape:
+        raise KernelShapeError(
+            f"{key_name} and {value_name} must have the same shape, "
+            f"got {tuple(kc.shape)} and {tuple(vc.shape)}"
+        )
+    if kc.shape[1] < 1 or kc.shape[2] < 1 or kc.shape[3] < 1:
+        raise KernelShapeError(
+            f"{key_name} must have block_size, num_kv_heads and head_dim >= 1, got shape {tuple(kc.shape)}"
+        )
+    _float_dtype(key_name, kc)
+    _same_dtype([(key_name, kc), (value_name, vc)])
+    _contiguous(key_name, kc)
+    _contiguous(value_name, vc)
+    return kc, vc
+
+
+# --------------------------------------------------------------------------------------------------
+# write_kv
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteKVProblem:
+    """Sizes of one ``write_kv`` call."""
+
+    num_tokens: int
+    num_kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int
+
+
+def check_write_kv(
+    key: object,
+    value: object,
+    key_cache: object,
+    value_cache: object,
+    slot_mapping: object,
+    check_values: bool,
+) -> WriteKVProblem:
+    """Validate the arguments of ``write_kv``; see its docstring for the contract."""
+    k = _tensor("key", key)
+    v = _tensor("value", value)
+    slots = _tensor("slot_mapping", slot_mapping)
+    kc, vc = _check_cache_pair("key_cache", key_cache, "value_cache", value_cache)
+    _ndim("key", k, 3, "[num_tokens, num_kv_heads, head_dim]")
+    _ndim("value", v, 3, "[num_tokens, num_kv_heads, head_dim]")
+    if v.shape != k.shape:
+        raise KernelShapeError(f"value must have the shape of key {tuple(k.shape)}, got {tuple(v.shape)}")
+    if k.shape[1:] != kc.shape[2:]:
+        raise KernelShapeError(
+            f"key is [num_tokens, num_kv_heads, head_dim] = {tuple(k.shape)} but key_cache "
+            f"{CACHE_LAYOUT} = {tuple(kc.shape)}: num_kv_heads and head_dim must match"
+        )
+    _ndim("slot_mapping", slots, 1, "[num_tokens]")
+    if slots.shape[0] != k.shape[0]:
+        raise KernelShapeError(f"slot_mapping has {slots.shape[0]} entries but key has {k.shape[0]} tokens")
+    _float_dtype("key", k)
+    _same_dtype([("key", k), ("value", v), ("key_cache", kc), ("value_cache", vc)])
+    _index_dtype("slot_mapping", slots)
+    _same_device([("key", k), ("value", v), ("key_cache", kc), ("value_cache", vc), ("slot_mapping", slots)])
+    num_blocks, block_size = int(kc.shape[0]), int(kc.shape[1])
+    if check_values and slots.numel() > 0:
+        num_slots = num_blocks * block_size
+        bad = (slots < -1) | (slots >= num_slots)
+        if bool(bad.any()):
+            index = int(torch.nonzero(bad)[0, 0])
+            raise KernelValueError(
+                f"slot_mapping[{index}] = {int(slots[index])} is out of range: a slot is -1 (skip) or in "
+                f"[0, num_blocks * block_size) = [0, {num_slots})"
+            )
+        used = slots[slots >= 0]
+        if torch.unique(used).numel() != used.numel():
+            raise KernelValueError("slot_mapping writes the same slot twice; the result would be undefined")
+    return WriteKVProblem(
+        num_tokens=int(k.shape[0]),
+        num_kv_heads=int(k.shape[1]),
+        head_dim=int(k.shape[2]),
+        num_blocks=num_blocks,
+        block_size=block_size,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# copy_blocks
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CopyBlocksProblem:
+    """Sizes of one ``copy_blocks`` call; ``pairs`` is normalized to int64 ``[num_pairs, 2]``."""
+
+    key_caches: tuple[torch.Tensor, ...]
+    value_caches: tuple[torch.Tensor, ...]
+    pairs: torch.Tensor
+    num_blocks: int
+    block_numel: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.key_caches)
+
+    @property
+    def num_pairs(self) -> int:
+        return int(self.pairs.shape[0])
+
+
+def _cache_list(name: str, caches: object) -> tuple[torch.Tensor, ...]:
+    if isinstance(caches, torch.Tensor) or not isinstance(caches, Sequence):
+        raise KernelDTypeError(
+            f"{name} must be a list (one entry per layer) of cache tensors {CACHE_LAYOUT}, "
+            f"got {type(caches).__name__}"
+        )
+    return tuple(_tensor(f"{name}[{i}]", c) for i, c in enumerate(caches))
+
+
+def _pairs_tensor(pairs: object, device: torch.device) -> torch.Tensor:
+    if isinstance(pairs, torch.Tensor):
+        _index_dtype("pairs", pairs)
+        if pairs.dim() != 2 or pairs.shape[1] != 2:
+            raise KernelShapeError(f"pairs must have shape [num_pairs, 2], got {tuple(pairs.shape)}")
+        return pairs.to(device=device, dtype=torch.int64).contiguous()
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
+        raise KernelDTypeError(
+            f"pairs must be an int tensor [num_pairs, 2] or a sequence of (src, dst) pairs, "
+            f"got {type(pairs).__name__}"
+        )
+    rows: list[tuple[int, int]] = []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise KernelShapeError(f"pairs[{i}] must be a (src, dst) pair, got {pair!r}")
+        src, dst = pair
+        for part in (src, dst):
+            if isinstance(part, bool) or not isinstance(part, int):
+                raise KernelDTypeError(f"pairs[{i}] must hold two ints, got {pair!r}")
+        rows.append((src, dst))
+    return torch.tensor(rows, dtype=torch.int64, device=device).reshape(len(rows), 2)
+
+
+def check_copy_blocks(
+    key_caches: object, value_caches: object, pairs: object, check_values: bool
+) -> CopyBlocksProblem:
+    """Validate the arguments of ``copy_blocks``; see its docstring for the contract."""
+    kcs = _cache_list("key_caches", key_caches)
+    vcs = _cache_list("value_caches", value_caches)
+    if len(kcs) != len(vcs):
+        raise KernelShapeError(f"key_caches has {len(kcs)} layers but value_caches has {len(vcs)}")
+    if not kcs:
+        normalized = _pairs_tensor(pairs, torch.device("cpu"))
+        return CopyBlocksProblem(kcs, vcs, normalized, num_blocks=0, block_numel=0)
+    named: list[tuple[str, torch.Tensor]] = []
+    for i, (kc, vc) in enumerate(zip(kcs, vcs, strict=True)):
+        _check_cache_pair(f"key_caches[{i}]", kc, f"value_caches[{i}]", vc)
+        if kc.shape != kcs[0].shape:
+            raise KernelShapeError(
+                f"every layer's cache must have the same shape: key_caches[{i}] is {tuple(kc.shape)}, "
+                f"key_caches[0] is {tuple(kcs[0].shape)}"
+            )
+        named += [(f"key_caches[{i}]", kc), (f"value_caches[{i}]", vc)]
+    _same_dtype(named)
+    device = _same_device(named)
+    if isinstance(pairs, torch.Tensor) and pairs.device != device:
+        raise KernelDeviceError(f"pairs is on {pairs.device} but the caches are on {device}")
+    normalized = _pairs_tensor(pairs, device)
+    num_blocks = int(kcs[0].shape[0])
+    if check_values and normalized.numel() > 0:
+        bad = (normalized < 0) | (normalized >= num_blocks)
+        if bool(bad.any()):
+            row = int(torch.nonzero(bad)[0, 0])
+            src, dst = (int(x) for x in normalized[row].tolist())
+            raise KernelValueError(
+                f"pairs[{row}] = ({src}, {dst}) names a block outside [0, num_blocks) = [0, {num_blocks})"
+            )
+        src_ids = normalized[:, 0].tolist()
+        dst_ids = normalized[:, 1].tolist()
+        if len(set(dst_ids)) != len(dst_ids):
+            raise KernelValueError("pairs copies into the same destination block twice")
+        both = set(src_ids) & set(dst_ids)
+        if both:
+            raise KernelValueError(
+                f"block {min(both)} is both a source and a destination in pairs; copies are done in "
+                "parallel, so a destination must not be read by another copy"
+            )
+    block_numel = int(kcs[0].shape[1] * kcs[0].shape[2] * kcs[0].shape[3])
+    return CopyBlocksProblem(kcs, vcs, normalized, num_blocks=num_blocks, block_numel=block_numel)
+
+
+# --------------------------------------------------------------------------------------------------
+# paged_attention
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """Sizes of one ``paged_attention`` call."""
+
+    num_tokens: int
+    num_reqs: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int
+    max_blocks_per_req: int
+    max_query_len: int
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def max_kv_len(self) -> int:
+        """Most tokens a request can hold through its block table row."""
+        return self.max_blocks_per_req * self.block_size
+
+
+def check_paged_attention(
+    query: object,
+    key_cache: object,
+    value_cache: object,
+    block_table: object,
+    seq_lens: object,
+    query_start_loc: object,
+    scale: object,
+    max_query_len: object,
+    num_splits: object,
+    check_values: bool,
+) -> AttentionProblem:
+    """Validate the arguments of ``paged_attention``; see its docstring for the contract."""
+    q = _tensor("query", query)
+    kc, vc = _check_cache_pair("key_cache", key_cache, "value_cache", value_cache)
+    table = _tensor("block_table", block_table)
+    lens = _tensor("seq_lens", seq_lens)
+    starts = _tensor("query_start_loc", query_start_loc)
+
+    _ndim("query", q, 3, "[total_query_tokens, num_q_heads, head_dim]")
+    _ndim("block_table", table, 2, "[num_reqs, max_blocks_per_req]")
+    _ndim("seq_lens", lens, 1, "[num_reqs]")
+    _ndim("query_start_loc", starts, 1, "[num_reqs + 1]")
+    num_tokens, num_q_heads, head_dim = (int(s) for s in q.shape)
+    num_blocks, block_size, num_kv_heads, cache_head_dim = (int(s) for s in kc.shape)
+    if head_dim != cache_head_dim:
+        raise KernelShapeError(f"query has head_dim {head_dim} but the caches have head_dim {cache_head_dim}")
+    if num_q_heads < 1 or num_q_heads % num_kv_heads != 0:
+        raise KernelShapeError(
+            f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
+        )
+    num_reqs = int(table.shape[0])
+    if lens.shape[0] != num_reqs:
+        raise KernelShapeError(f"seq_lens has {lens.shape[0]} entries but block_table has {num_reqs} rows")
+    if starts.shape[0] != num_reqs + 1:
+        raise KernelShapeError(
+            f"query_start_loc must have num_reqs + 1 = {num_reqs + 1} entries, got {starts.shape[0]}"
+        )
+    _float_dtype("query", q)
+    _same_dtype([("query", q), ("key_cache", kc), ("value_cache", vc)])
+    for name, x in (("block_table", table), ("seq_lens", lens), ("query_start_loc", starts)):
+        _index_dtype(name, x)
+    _same_device(
+        [
+            ("query", q),
+            ("key_cache", kc),
+            ("value_cache", vc),
+            ("block_table", table),
+            ("seq_lens", lens),
+            ("query_start_loc", starts),
+        ]
+    )
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise KernelDTypeError(f"scale must be a float, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise KernelValueError(f"scale must be finite, got {scale}")
+    if num_splits is not None:
+        _int_arg("num_splits", num_splits, 1)
+    if max_query_len is not None:
+        _int_arg("max_query_len", max_query_len, 0)
+
+    max_blocks_per_req = int(table.shape[1])
+    actual_max_q = 0
+    if (check_values or max_query_len is None) and num_reqs > 0:
+        starts_host = starts.tolist()
+        q_lens = [b - a for a, b in itertools.pairwise(starts_host)]
+        actual_max_q = max(q_lens)
+        if check_values:
+            _check_attention_values(
+                starts_host, q_lens, lens, table, num_tokens, num_blocks, block_size, max_blocks_per_req
+            )
+    elif num_reqs == 0 and num_tokens != 0:
+        raise KernelShapeError(f"query has {num_tokens} tokens but there are no requests")
+    if max_query_len is None:
+        resolved_max_q = actual_max_q
+    else:
+        assert isinstance(max_query_len, int)
+        if check_values and max_query_len < actual_max_q:
+            raise KernelValueError(
+                f"max_query_len = {max_query_len} is smaller than the longest query ({actual_max_q} tokens)"
+            )
+        resolved_max_q = max_query_len
+    return AttentionProblem(
+        num_tokens=num_tokens,
+        num_reqs=num_reqs,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_blocks_per_req=max_blocks_per_req,
+        max_query_len=resolved_max_q,
+    )
+
+
+def _check_attention_values(
+    starts: list[int],
+    q_lens: list[int],
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_tokens: int,
+    num_blocks: int,
+    block_size: int,
+    max_blocks_per_req: int,
+) -> None:
+    if starts[0] != 0 or starts[-1] != num_tokens:
+        raise KernelValueError(
+            f"query_start_loc must start at 0 and end at total_query_tokens = {num_tokens}, "
+            f"got {starts[0]} .. {starts[-1]}"
+        )
+    for r, q_len in enumerate(q_lens):
+        if q_len < 0:
+            raise KernelValueError(f"query_start_loc must be non-decreasing, but decreases at request {r}")
+    lens = seq_lens.tolist()
+    capacity = max_blocks_per_req * block_size
+    for r, (q_len, seq_len) in enumerate(zip(q_lens, lens, strict=True)):
+        if seq_len < q_len:
+            raise KernelValueError(
+                f"seq_lens[{r}] = {seq_len} is smaller than its {q_len} query tokens "
+                "(seq_lens counts every token, including the queries)"
+            )
+        if seq_len > capacity:
+            raise KernelValueError(
+                f"seq_lens[{r}] = {seq_len} exceeds what a block_table row holds: "
+                f"max_blocks_per_req * block_size = {max_blocks_per_req} * {block_size} = {capacity}"
+            )
+    if max_blocks_per_req == 0:
+        return
+    pages_used = (seq_lens.to(torch.int64) + block_size - 1) // block_size
+    columns = torch.arange(max_blocks_per_req, device=block_table.device)
+    used = columns[None, :] < pages_used[:, None]
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bool(bad.any()):
+        r, c = (int(x) for x in torch.nonzero(bad)[0].tolist())
+        raise KernelValueError(
+            f"block_table[{r}, {c}] = {int(block_table[r, c])} is not a block id in [0, num_blocks) = "
+            f"[0, {num_blocks}), and request {r} reads that block"
+        )

@@ -1,0 +1,144 @@
+"""Plain torch versions of the kernel operations: the oracle the Triton kernels are tested against.
+
+They run on any device torch supports, favour clarity over speed (attention loops over requests in
+Python) and compute attention in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import _docs
+from ._validation import check_copy_blocks, check_paged_attention, check_write_kv
+
+__all__ = ["copy_blocks", "paged_attention", "write_kv"]
+
+_NOTE = "Torch reference implementation."
+
+
+@_docs.contract(_NOTE, _docs.WRITE_KV)
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    check_values: bool = True,
+) -> None:
+    problem = check_write_kv(key, value, key_cache, value_cache, slot_mapping, check_values)
+    if problem.num_tokens == 0:
+        return
+    slots = slot_mapping.to(torch.int64)
+    keep = slots >= 0
+    slots = slots[keep]
+    block_ids = slots // problem.block_size
+    offsets = slots % problem.block_size
+    key_cache[block_ids, offsets] = key[keep]
+    value_cache[block_ids, offsets] = value[keep]
+
+
+@_docs.contract(_NOTE, _docs.COPY_BLOCKS)
+def copy_blocks(
+    key_caches: Sequence[torch.Tensor],
+    value_caches: Sequence[torch.Tensor],
+    pairs: torch.Tensor | Sequence[tuple[int, int]],
+    *,
+    check_values: bool = True,
+) -> None:
+    problem = check_copy_blocks(key_caches, value_caches, pairs, check_values)
+    if problem.num_pairs == 0:
+        return
+    src, dst = problem.pairs[:, 0], problem.pairs[:, 1]
+    for cache in (*problem.key_caches, *problem.value_caches):
+        # Indexing with a tensor gathers into a new tensor first, so all copies read the old contents.
+        cache[dst] = cache[src]
+
+
+def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Read one request's ``seq_len`` tokens from a paged cache.
+
+    Args:
+        cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_table_row: int ``[max_blocks_per_req]``, the request's physical block ids.
+        seq_len: number of tokens to read (positions ``0 .. seq_len - 1``).
+
+    Returns:
+        ``[seq_len, num_kv_heads, head_dim]``, a new tensor in the cache's dtype.
+    """
+    block_size = cache.shape[1]
+    positions = torch.arange(seq_len, device=cache.device)
+    blocks = block_table_row.to(torch.int64)[positions // block_size]
+    return cache[blocks, positions % block_size]
+
+
+def dense_causal_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Causal attention of one request over its own contiguous K/V, computed in float32.
+
+    Args:
+        query: ``[q_len, num_q_heads, head_dim]``; query ``i`` sits at position ``seq_len - q_len + i``.
+        key: ``[seq_len, num_kv_heads, head_dim]`` with ``seq_len >= q_len``.
+        value: same shape as ``key``.
+        scale: softmax scale applied to ``q . k``.
+
+    Returns:
+        ``[q_len, num_q_heads, head_dim]`` in ``query``'s dtype.
+    """
+    q_len, num_q_heads, _ = query.shape
+    seq_len, num_kv_heads, _ = key.shape
+    group = num_q_heads // num_kv_heads
+    q = query.float().transpose(0, 1)  # [Hq, q_len, D]
+    k = key.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, seq_len, D]
+    v = value.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, q_len, seq_len]
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
+    k_pos = torch.arange(seq_len, device=query.device)
+    visible = k_pos[None, :] <= q_pos[:, None]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).transpose(0, 1).to(query.dtype)
+
+
+@_docs.contract(_NOTE, _docs.PAGED_ATTENTION)
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    num_splits: int | None = None,
+    check_values: bool = True,
+) -> torch.Tensor:
+    problem = check_paged_attention(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        scale,
+        max_query_len,
+        num_splits,
+        check_values,
+    )
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if problem.num_tokens == 0:
+        return out
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for r in range(problem.num_reqs):
+        begin, end = starts[r], starts[r + 1]
+        if end == begin:
+            continue
+        keys = gather_kv(key_cache, block_table[r], lens[r])
+        values = gather_kv(value_cache, block_table[r], lens[r])
+        out[begin:end] = dense_causal_attention(query[begin:end], keys, values, float(scale))
+    return out

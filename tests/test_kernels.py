@@ -1,0 +1,678 @@
+"""Unit tests of ``pagedprefix.kernels``: backend selection, input errors, launch plans, contracts, and
+a few fixed cases of the Triton kernels (in Triton's CPU interpreter) against the torch reference.
+
+The generated-input properties (Triton == reference == dense attention) live in
+``test_kernels_hypothesis.py``. As there, ``TRITON_INTERPRET=1`` is set before Triton can be imported,
+and the caller's value is restored once the kernels are loaded; a module-scoped fixture sets it again
+for these tests (individual tests change it with ``monkeypatch``).
+"""
+# ruff: noqa: E402  (the environment variable must be set before the imports)
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+_ENV = "TRITON_INTERPRET"
+_PREVIOUS = os.environ.get(_ENV)
+os.environ[_ENV] = "1"
+
+import pagedprefix.kernels as kernels
+import pytest
+import torch
+from pagedprefix.kernels import _docs, dispatch, reference
+from pagedprefix.kernels.errors import (
+    BackendUnavailableError,
+    KernelDeviceError,
+    KernelDTypeError,
+    KernelError,
+    KernelShapeError,
+    KernelValueError,
+)
+from pagedprefix.kernels.plan import (
+    cdiv,
+    next_power_of_2,
+    plan_copy_blocks,
+    plan_paged_attention,
+    plan_write_kv,
+)
+from pagedprefix.kernels.workloads import PagedBatch, build_paged_batch, make_layout
+
+
+def _load_interpreted_kernels() -> tuple[ModuleType | None, str]:
+    try:
+        from pagedprefix.kernels import triton_kernels
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        return None, f"triton is not importable: {exc}"
+    if triton_kernels.kernel_mode() != "interpreter":
+        return None, (
+            "the Triton kernels were already defined in compiled mode (pagedprefix.kernels.triton_kernels "
+            "was imported before TRITON_INTERPRET=1 was set); run the kernel tests in their own process, "
+            "e.g. `nox -s kernels` or `TRITON_INTERPRET=1 pytest -m kernels`"
+        )
+    return triton_kernels, ""
+
+
+tk, _SKIP_REASON = _load_interpreted_kernels()
+if _PREVIOUS is None:
+    os.environ.pop(_ENV, None)
+else:
+    os.environ[_ENV] = _PREVIOUS
+
+pytestmark = pytest.mark.kernels
+needs_triton = pytest.mark.skipif(tk is None, reason=_SKIP_REASON)
+
+# Every error test runs against both implementations: both must check before launching anything.
+BACKENDS = ["reference", pytest.param("triton", marks=needs_triton)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_env() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(_ENV, "1")
+        yield
+
+
+# --------------------------------------------------------------------------------------------------
+# Backend selection and routing
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON", "yes"])
+def test_select_backend_cpu_with_interpreter_is_triton(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(_ENV, value)
+    assert kernels.interpreter_requested()
+    assert kernels.select_backend("cpu") == "triton"
+    assert kernels.select_backend(torch.device("cpu")) == "triton"
+
+
+@pytest.mark.parametrize("value", [None, "0", "", "false"])
+def test_select_backend_cpu_without_interpreter_is_reference(
+    monkeypatch: pytest.MonkeyPatch, value: str | None
+) -> None:
+    if value is None:
+        monkeypatch.delenv(_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_ENV, value)
+    assert not kernels.interpreter_requested()
+    assert kernels.select_backend("cpu") == "reference"
+
+
+@pytest.mark.parametrize("interpret", [True, False])
+def test_select_backend_cuda_is_triton_and_other_devices_reference(
+    monkeypatch: pytest.MonkeyPatch, interpret: bool
+) -> None:
+    monkeypatch.setenv(_ENV, "1" if interpret else "0")
+    assert kernels.select_backend("cuda") == "triton"
+    assert kernels.select_backend("cuda:1") == "triton"
+    assert kernels.select_backend("meta") == "reference"
+
+
+def test_resolve_backend_rejects_unknown_names() -> None:
+    assert dispatch.resolve_backend("reference", "cuda") == "reference"
+    assert dispatch.resolve_backend("triton", "cpu") == "triton"
+    with pytest.raises(KernelDTypeError, match="backend must be one of"):
+        dispatch.resolve_backend("cuda", "cpu")
+    with pytest.raises(TypeError):
+        dispatch.write_kv(*_write_args(), backend="torch")  # type: ignore[arg-type]
+
+
+def _record_calls(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, calls: list[str]) -> None:
+    original: Callable[..., Any] = getattr(module, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(module.__name__.rsplit(".", 1)[-1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+
+
+@needs_triton
+@pytest.mark.parametrize("interpret", [True, False])
+def test_auto_takes_the_path_select_backend_names(monkeypatch: pytest.MonkeyPatch, interpret: bool) -> None:
+    assert tk is not None
+    monkeypatch.setenv(_ENV, "1" if interpret else "0")
+    calls: list[str] = []
+    _record_calls(monkeypatch, tk, "paged_attention", calls)
+    _record_calls(monkeypatch, reference, "paged_attention", calls)
+    batch = _small_batch()
+    out = kernels.paged_attention(*batch.attention_args())
+    expected = "triton_kernels" if interpret else "reference"
+    assert kernels.select_backend("cpu") == ("triton" if interpret else "reference")
+    assert calls == [expected]
+    assert out.shape == batch.query.shape
+
+
+@needs_triton
+def test_triton_on_cpu_without_interpreter_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(_ENV, raising=False)
+    batch = _small_batch()
+    with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET=1"):
+        kernels.paged_attention(*batch.attention_args(), backend="triton")
+    with pytest.raises(BackendUnavailableError):
+        kernels.write_kv(*_write_args(), backend="triton")
+    with pytest.raises(BackendUnavailableError):
+        kernels.copy_blocks(*_copy_args(), backend="triton")
+    # The reference is always available.
+    kernels.paged_attention(*batch.attention_args(), backend="reference")
+
+
+@needs_triton
+def test_kernels_defined_in_another_mode_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tk is not None
+    monkeypatch.setattr(tk, "INTERPRETED", False)  # as if defined without the variable
+    with pytest.raises(BackendUnavailableError, match="defined in compiled mode"):
+        kernels.write_kv(*_write_args(), backend="triton")
+    with pytest.raises(BackendUnavailableError, match="defined in compiled mode"):
+        tk.ensure_runnable(torch.device("cuda"))
+
+
+@needs_triton
+def test_triton_rejects_unsupported_devices() -> None:
+    assert tk is not None
+    with pytest.raises(BackendUnavailableError, match="do not support meta"):
+        tk.ensure_runnable(torch.device("meta"))
+    with pytest.raises(BackendUnavailableError, match="copy_blocks cannot run CUDA tensors"):
+        tk.ensure_runnable(torch.device("cuda"), needs_device_addresses=True)
+    assert tk.kernel_mode() == "interpreter"
+
+
+def test_importing_the_package_does_not_import_triton() -> None:
+    # Triton is imported lazily, on the first Triton call: importing the package, selecting a backend and
+    # running the reference must leave the TRITON_INTERPRET decision open.
+    code = (
+        "import sys, torch, pagedprefix.kernels as k; "
+        "assert k.select_backend('cpu') == 'reference'; "
+        "x = torch.ones(1, 1, 2); c = torch.zeros(1, 1, 1, 2); "
+        "k.write_kv(x, x, c, c.clone(), torch.tensor([0])); "
+        "assert 'triton' not in sys.modules, 'triton was imported'"
+    )
+    env = {k: v for k, v in os.environ.items() if k != _ENV}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# Input errors (both backends check before launching)
+# --------------------------------------------------------------------------------------------------
+
+
+def _write_args(**overrides: Any) -> tuple[Any, ...]:
+    args: dict[str, Any] = {
+        "key": torch.randn(3, 2, 8),
+        "value": torch.randn(3, 2, 8),
+        "key_cache": torch.zeros(4, 4, 2, 8),
+        "value_cache": torch.zeros(4, 4, 2, 8),
+        "slot_mapping": torch.tensor([0, -1, 15]),
+    }
+    args.update(overrides)
+    return tuple(args.values())
+
+
+def _copy_args(**overrides: Any) -> tuple[Any, ...]:
+    args: dict[str, Any] = {
+        "key_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)],
+        "value_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)],
+        "pairs": [(0, 1), (2, 3)],
+    }
+    args.update(overrides)
+    return tuple(args.values())
+
+
+def _attention_args(**overrides: Any) -> tuple[Any, ...]:
+    args: dict[str, Any] = {
+        "query": torch.randn(3, 4, 8),
+        "key_cache": torch.randn(6, 4, 2, 8),
+        "value_cache": torch.randn(6, 4, 2, 8),
+        "block_table": torch.tensor([[0, 1, -1], [2, 3, 4]], dtype=torch.int32),
+        "seq_lens": torch.tensor([5, 9], dtype=torch.int32),
+        "query_start_loc": torch.tensor([0, 1, 3], dtype=torch.int32),
+        "scale": 0.5,
+    }
+    args.update(overrides)
+    return tuple(args.values())
+
+
+def _small_batch() -> PagedBatch:
+    return build_paged_batch(
+        [9, 20], [1, 4], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32
+    )
+
+
+WRITE_KV_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
+    ("key not a tensor", {"key": [[1.0]]}, KernelDTypeError, "key must be a torch.Tensor"),
+    ("key 2-d", {"key": torch.randn(3, 16)}, KernelShapeError, "key must have 3 dimensions"),
+    ("value shape", {"value": torch.randn(3, 2, 4)}, KernelShapeError, "value must have the shape of key"),
+    (
+        "heads mismatch",
+        {"key": torch.randn(3, 1, 8), "value": torch.randn(3, 1, 8)},
+        KernelShapeError,
+        "num_kv_heads",
+    ),
+    ("cache 3-d", {"key_cache": torch.zeros(16, 2, 8)}, KernelShapeError, "key_cache must have 4 dimensions"),
+    ("caches differ", {"value_cache": torch.zeros(5, 4, 2, 8)}, KernelShapeError, "same shape"),
+    ("slot count", {"slot_mapping": torch.tensor([0, 1])}, KernelShapeError, "slot_mapping has 2 entries"),
+    ("slot dtype", {"slot_mapping": torch.tensor([0.0, 1.0, 2.0])}, KernelDTypeError, "int32 or int64"),
+    ("dtype mismatch", {"key": torch.randn(3, 2, 8).half()}, KernelDTypeError, "dtype"),
+    (
+        "int dtype",
+        {"key": torch.zeros(3, 2, 8, dtype=torch.int32), "value": torch.zeros(3, 2, 8, dtype=torch.int32)},
+        KernelDTypeError,
+        "float32, float16 or bfloat16",
+    ),
+    ("slot too big", {"slot_mapping": torch.tensor([0, 16, 1])}, KernelValueError, r"slot_mapping\[1\] = 16"),
+    ("slot below -1", {"slot_mapping": torch.tensor([0, -2, 1])}, KernelValueError, "out of range"),
+    ("duplicate slot", {"slot_mapping": torch.tensor([3, -1, 3])}, KernelValueError, "same slot twice"),
+    (
+        "cache not contiguous",
+        {"key_cache": torch.zeros(4, 2, 4, 8).transpose(1, 2)},
+        KernelShapeError,
+        "contiguous",
+    ),
+    ("device mismatch", {"slot_mapping": torch.tensor([0, 1, 2], device="meta")}, KernelDeviceError, "meta"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"), [c[1:] for c in WRITE_KV_ERRORS], ids=[c[0] for c in WRITE_KV_ERRORS]
+)
+def test_write_kv_rejects_bad_inputs(
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+) -> None:
+    args = _write_args(**overrides)
+    before = [a.clone() for a in args[2:4] if isinstance(a, torch.Tensor)]
+    with pytest.raises(error, match=message):
+        kernels.write_kv(*args, backend=backend)
+    after = [a for a in args[2:4] if isinstance(a, torch.Tensor)]
+    assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))  # nothing launched
+
+
+COPY_BLOCKS_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
+    ("bare tensor", {"key_caches": torch.zeros(4, 4, 2, 8)}, KernelDTypeError, "list"),
+    ("layer count", {"value_caches": [torch.zeros(4, 4, 2, 8)]}, KernelShapeError, "2 layers but"),
+    (
+        "layer shapes",
+        {"key_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(5, 4, 2, 8)]},
+        KernelShapeError,
+        "same shape",
+    ),
+    ("pairs shape", {"pairs": torch.tensor([[0, 1, 2]])}, KernelShapeError, r"\[num_pairs, 2\]"),
+    ("pairs float", {"pairs": torch.tensor([[0.0, 1.0]])}, KernelDTypeError, "int32 or int64"),
+    ("pair bool", {"pairs": [(True, 1)]}, KernelDTypeError, "two ints"),
+    ("pair length", {"pairs": [(0, 1, 2)]}, KernelShapeError, r"\(src, dst\) pair"),
+    ("pairs not a sequence", {"pairs": 3}, KernelDTypeError, "sequence of"),
+    ("block out of range", {"pairs": [(0, 4)]}, KernelValueError, "outside"),
+    ("negative block", {"pairs": torch.tensor([[-1, 2]])}, KernelValueError, "outside"),
+    ("duplicate destination", {"pairs": [(0, 2), (1, 2)]}, KernelValueError, "same destination"),
+    ("chained copy", {"pairs": [(0, 1), (1, 2)]}, KernelValueError, "both a source and a destination"),
+    (
+        "dtype mismatch",
+        {"value_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8).half()]},
+        KernelDTypeError,
+        "dtype",
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [c[1:] for c in COPY_BLOCKS_ERRORS],
+    ids=[c[0] for c in COPY_BLOCKS_ERRORS],
+)
+def test_copy_blocks_rejects_bad_inputs(
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        kernels.copy_blocks(*_copy_args(**overrides), backend=backend)
+
+
+ATTENTION_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
+    ("query not a tensor", {"query": 1.0}, KernelDTypeError, "query must be a torch.Tensor"),
+    ("query 2-d", {"query": torch.randn(3, 32)}, KernelShapeError, "query must have 3 dimensions"),
+    ("gqa", {"query": torch.randn(3, 3, 8)}, KernelShapeError, "multiple of num_kv_heads"),
+    ("head_dim", {"query": torch.randn(3, 4, 16)}, KernelShapeError, "head_dim"),
+    ("dtype mismatch", {"query": torch.randn(3, 4, 8).bfloat16()}, KernelDTypeError, "dtype"),
+    ("table dtype", {"block_table": torch.zeros(2, 3)}, KernelDTypeError, "block_table must be an int32"),
+    (
+        "table 1-d",
+        {"block_table": torch.zeros(6, dtype=torch.int32)},
+        KernelShapeError,
+        "block_table must have 2",
+    ),
+    (
+        "seq_lens count",
+        {"seq_lens": torch.tensor([5], dtype=torch.int32)},
+        KernelShapeError,
+        "seq_lens has 1",
+    ),
+    (
+        "query_start_loc count",
+        {"query_start_loc": torch.tensor([0, 3], dtype=torch.int32)},
+        KernelShapeError,
+        "num_reqs \\+ 1",
+    ),
+    ("scale type", {"scale": "0.5"}, KernelDTypeError, "scale must be a float"),
+    ("scale bool", {"scale": True}, KernelDTypeError, "scale must be a float"),
+    ("scale nan", {"scale": float("nan")}, KernelValueError, "finite"),
+    (
+        "query_start_loc end",
+        {"query_start_loc": torch.tensor([0, 1, 2], dtype=torch.int32)},
+        KernelValueError,
+        "end at total_query_tokens",
+    ),
+    (
+        "query_start_loc decreasing",
+        {"query_start_loc": torch.tensor([0, 4, 3], dtype=torch.int32)},
+        KernelValueError,
+        "non-decreasing",
+    ),
+    (
+        "seq_len below q_len",
+        {"seq_lens": torch.tensor([5, 1], dtype=torch.int32)},
+        KernelValueError,
+        "smaller than",
+    ),
+    ("seq_len too long", {"seq_lens": torch.tensor([13, 9], dtype=torch.int32)}, KernelValueError, "exceeds"),
+    (
+        "block id out of range",
+        {"block_table": torch.tensor([[0, 6, -1], [2, 3, 4]], dtype=torch.int32)},
+        KernelValueError,
+        r"block_table\[0, 1\] = 6",
+    ),
+    (
+        "unused entry read",
+        {"block_table": torch.tensor([[0, -1, -1], [2, 3, 4]], dtype=torch.int32)},
+        KernelValueError,
+        r"block_table\[0, 1\] = -1",
+    ),
+    (
+        "cache not contiguous",
+        {"key_cache": torch.randn(6, 2, 4, 8).transpose(1, 2)},
+        KernelShapeError,
+        "contiguous",
+    ),
+    ("device mismatch", {"seq_lens": torch.tensor([5, 9], device="meta")}, KernelDeviceError, "meta"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"), [c[1:] for c in ATTENTION_ERRORS], ids=[c[0] for c in ATTENTION_ERRORS]
+)
+def test_paged_attention_rejects_bad_inputs(
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        kernels.paged_attention(*_attention_args(**overrides), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paged_attention_rejects_bad_keywords(backend: dispatch.Backend) -> None:
+    args = _attention_args()
+    with pytest.raises(KernelValueError, match="num_splits must be >= 1"):
+        kernels.paged_attention(*args, num_splits=0, backend=backend)
+    with pytest.raises(KernelDTypeError, match="num_splits must be an int"):
+        kernels.paged_attention(*args, num_splits=2.0, backend=backend)  # type: ignore[arg-type]
+    with pytest.raises(KernelValueError, match="smaller than the longest query"):
+        kernels.paged_attention(*args, max_query_len=1, backend=backend)
+
+
+def test_errors_are_builtin_subclasses() -> None:
+    assert issubclass(KernelShapeError, ValueError)
+    assert issubclass(KernelValueError, ValueError)
+    assert issubclass(KernelDeviceError, ValueError)
+    assert issubclass(KernelDTypeError, TypeError)
+    assert issubclass(BackendUnavailableError, RuntimeError)
+    for cls in (
+        KernelShapeError,
+        KernelValueError,
+        KernelDeviceError,
+        KernelDTypeError,
+        BackendUnavailableError,
+    ):
+        assert issubclass(cls, KernelError)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unused_block_table_entries_are_not_checked_or_read(backend: dispatch.Backend) -> None:
+    # Request 0 holds 5 tokens in 2 blocks of 4: its third entry may be anything.
+    args = _attention_args()
+    table = torch.tensor([[0, 1, 99], [2, 3, 4]], dtype=torch.int32)
+    out = kernels.paged_attention(*args[:3], table, *args[4:], backend=backend)
+    expected = reference.paged_attention(*args)
+    torch.testing.assert_close(out, expected)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fixed cases through the Triton kernels
+# --------------------------------------------------------------------------------------------------
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_strided_query_and_int64_indices(dtype: torch.dtype) -> None:
+    batch = build_paged_batch(
+        [21, 40, 7],
+        [1, 6, 7],
+        num_q_heads=6,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=8,
+        dtype=dtype,
+        share_groups=[0, 0, None],
+        shared_prefix_blocks=2,
+        seed=5,
+    )
+    packed = torch.randn(batch.query.shape[0], 3, 6, 16).to(dtype)  # a fused QKV buffer; Q is a view
+    packed[:, 0] = batch.query
+    query = packed[:, 0]
+    assert not query.is_contiguous()
+    args = (
+        query,
+        batch.key_cache,
+        batch.value_cache,
+        batch.block_table.long(),
+        batch.seq_lens.long(),
+        batch.query_start_loc.long(),
+        batch.scale,
+    )
+    out = kernels.paged_attention(*args, num_splits=2, backend="triton")
+    torch.testing.assert_close(out, kernels.paged_attention(*batch.attention_args(), backend="reference"))
+
+
+@needs_triton
+def test_requests_without_queries_and_empty_batches() -> None:
+    batch = build_paged_batch(
+        [12, 30, 5], [3, 0, 5], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4, dtype=torch.float16
+    )
+    out = kernels.paged_attention(*batch.attention_args(), backend="triton")
+    torch.testing.assert_close(out, kernels.paged_attention(*batch.attention_args(), backend="reference"))
+
+    empty_query = torch.empty(0, 2, 16, dtype=torch.float16)
+    args = (
+        empty_query,
+        batch.key_cache,
+        batch.value_cache,
+        batch.block_table[:0],
+        batch.seq_lens[:0],
+        torch.zeros(1, dtype=torch.int32),
+        1.0,
+    )
+    for backend in ("triton", "reference"):
+        assert kernels.paged_attention(*args, backend=backend).shape == (0, 2, 16)  # type: ignore[arg-type]
+    kc, vc = batch.key_cache.clone(), batch.value_cache.clone()
+    kernels.write_kv(
+        empty_query[:, :1], empty_query[:, :1], kc, vc, torch.empty(0, dtype=torch.int64), backend="triton"
+    )
+    kernels.copy_blocks([kc], [vc], [], backend="triton")
+    kernels.copy_blocks([], [], [], backend="triton")
+    assert torch.equal(kc, batch.key_cache) and torch.equal(vc, batch.value_cache)
+
+
+@needs_triton
+def test_check_values_off_with_known_max_query_len() -> None:
+    batch = build_paged_batch(
+        [33, 64], [1, 1], num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16
+    )
+    out = kernels.paged_attention(
+        *batch.attention_args(), max_query_len=1, check_values=False, num_splits=3, backend="triton"
+    )
+    torch.testing.assert_close(out, kernels.paged_attention(*batch.attention_args(), backend="reference"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Launch plans
+# --------------------------------------------------------------------------------------------------
+
+
+def test_small_helpers() -> None:
+    assert [cdiv(a, 4) for a in (0, 1, 4, 5)] == [0, 1, 1, 2]
+    assert [next_power_of_2(n) for n in (0, 1, 2, 3, 5, 64, 65)] == [1, 1, 2, 4, 8, 64, 128]
+
+
+def test_attention_plan_decode_and_prefill_tiles() -> None:
+    decode = plan_paged_attention(
+        num_tokens=64,
+        num_reqs=64,
+        max_query_len=1,
+        max_kv_len=8192,
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+    )
+    assert (decode.group, decode.block_q, decode.block_m, decode.head_pad) == (4, 4, 16, 128)
+    assert decode.grid == (64, 8, 1) and decode.combine_grid is None
+    assert decode.program_iterations() == 64 * 8 * cdiv(8192, decode.block_n)
+
+    prefill = plan_paged_attention(
+        num_tokens=300,
+        num_reqs=2,
+        max_query_len=200,
+        max_kv_len=512,
+        num_q_heads=6,
+        num_kv_heads=2,
+        head_dim=24,
+    )
+    assert (prefill.group, prefill.group_pad, prefill.block_m, prefill.head_pad) == (3, 4, 64, 32)
+    assert prefill.q_tiles == cdiv(200, prefill.block_q)
+    assert prefill.grid == (2 * prefill.q_tiles, 2, 1)
+
+
+def test_attention_plan_splits() -> None:
+    common: dict[str, int] = {
+        "num_tokens": 16,
+        "num_reqs": 16,
+        "max_query_len": 1,
+        "max_kv_len": 8192,
+        "num_q_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+    }
+    assert plan_paged_attention(**common).num_splits == 1  # CPU / interpreter: no SM count
+    gpu = plan_paged_attention(**common, sm_count=132)
+    assert gpu.num_splits == cdiv(2 * 132, 16 * 8)
+    assert gpu.combine_grid == (16, 8)
+    assert gpu.program_iterations() == 16 * 8 * gpu.num_splits * gpu.tiles_per_split + 16 * 8 * gpu.num_splits
+    big = plan_paged_attention(**{**common, "num_reqs": 256, "num_tokens": 256}, sm_count=132)
+    assert big.num_splits == 1
+    # Forced splits are clamped to the key tiles, and never leave a split without tiles.
+    short = plan_paged_attention(**{**common, "max_kv_len": 100}, num_splits=8)
+    assert short.num_splits == cdiv(100, short.block_n)
+    uneven = plan_paged_attention(**{**common, "max_kv_len": 5 * 64}, num_splits=4)
+    assert (uneven.tiles_per_split, uneven.num_splits) == (2, 3)
+
+
+def test_copy_and_write_plans() -> None:
+    assert plan_write_kv(7, 3, 24).grid == (7,)
+    assert (plan_write_kv(7, 3, 24).heads_pad, plan_write_kv(7, 3, 24).head_pad) == (4, 32)
+    copy = plan_copy_blocks(num_pairs=3, num_layers=2, block_numel=16 * 8 * 128)
+    assert copy.grid == (3, 4, cdiv(16 * 8 * 128, copy.chunk))
+    assert copy.program_iterations() == 3 * 4 * copy.grid[2]
+
+
+# --------------------------------------------------------------------------------------------------
+# Contracts and workloads
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("write_kv", _docs.WRITE_KV),
+        ("copy_blocks", _docs.COPY_BLOCKS),
+        ("paged_attention", _docs.PAGED_ATTENTION),
+    ],
+)
+def test_every_implementation_carries_the_same_contract(name: str, text: str) -> None:
+    implementations: list[ModuleType] = [dispatch, reference] + ([tk] if tk is not None else [])
+    for module in implementations:
+        doc = getattr(module, name).__doc__
+        assert doc is not None and doc.endswith(text)
+    for word in ("Args:", "Returns:", "Raises:", "[num_blocks, block_size, num_kv_heads, head_dim]"):
+        assert word in text
+
+
+def test_make_layout_shares_prefix_blocks() -> None:
+    layout = make_layout(
+        [40, 35, 64, 10],
+        16,
+        share_groups=[0, 0, None, 0],
+        shared_prefix_blocks=2,
+        spare_blocks=3,
+        generator=torch.Generator().manual_seed(0),
+    )
+    t = layout.tables
+    assert [len(row) for row in t] == [3, 3, 4, 1]
+    assert t[0][:2] == t[1][:2] and t[3] == t[0][:1]
+    assert t[0][2] != t[1][2]
+    assert not set(t[2]) & set(t[0] + t[1])
+    assert layout.unique_blocks() == 2 + 1 + 1 + 4
+    assert layout.num_blocks == layout.unique_blocks() + 3
+    table = layout.block_table_tensor(width=5)
+    assert table.shape == (4, 5) and table.dtype == torch.int32 and int(table[3, 1]) == -1
+
+
+# --------------------------------------------------------------------------------------------------
+# The GPU script's host-side parts (the script itself needs a GPU and is not run here)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gpu_check_peak_bandwidth_table() -> None:
+    from pagedprefix.kernels.gpu_check import peak_bandwidth_gbps
+
+    assert peak_bandwidth_gbps("NVIDIA H200") == 4800.0
+    assert peak_bandwidth_gbps("NVIDIA GH200 480GB") == 4000.0
+    assert peak_bandwidth_gbps("NVIDIA H100 80GB HBM3") == 3350.0
+    assert peak_bandwidth_gbps("NVIDIA H100 PCIe") == 2000.0
+    assert peak_bandwidth_gbps("NVIDIA A100-SXM4-80GB") == 2039.0
+    assert peak_bandwidth_gbps("NVIDIA A100-SXM4-40GB") == 1555.0
+    assert peak_bandwidth_gbps("Imaginary Accelerator 9000") is None
+
+
+def test_gpu_check_counts_shared_blocks_once() -> None:
+    from pagedprefix.kernels.gpu_check import BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, _bytes
+
+    seq_lens = [8 * BLOCK_SIZE + 5] * 4
+    shared = make_layout(seq_lens, BLOCK_SIZE, share_groups=[0] * 4, shared_prefix_blocks=8)
+    private = make_layout(seq_lens, BLOCK_SIZE)
+    token_bytes = NUM_KV_HEADS * HEAD_DIM * 2 * 2
+    unique_shared, logical_shared = _bytes(shared, seq_lens, 2)
+    unique_private, logical_private = _bytes(private, seq_lens, 2)
+    assert unique_private == logical_private == logical_shared
+    assert logical_shared - unique_shared == 3 * 8 * BLOCK_SIZE * token_bytes
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit path")
+def test_gpu_check_without_cuda_exits_2(tmp_path: Any) -> None:
+    from pagedprefix.kernels.gpu_check import main
+
+    assert main(["--out", str(tmp_path)]) == 2
+    assert not (tmp_path / "gpu_check.json").exists()
