@@ -70,7 +70,8 @@ def tests(session: nox.Session) -> None:
 def vectors(session: nox.Session) -> None:
     """Regenerate the shipped test vectors and fail if they differ from the committed ones."""
     install_package(session)
-    session.run("python", "-m", "pagedprefix.spec.vectors", "--check")
+    session.run("python", "-m", "pagedprefix.spec.key_vectors", "--check")
+    session.run("python", "-m", "pagedprefix.conformance.vectors", "--check")
 
 
 @nox.session

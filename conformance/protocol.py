@@ -4,41 +4,71 @@ The operations mirror SEMANTICS.md section 4 and :class:`pagedprefix.spec.SpecCa
 signatures they share; errors are the spec's typed errors (``pagedprefix.spec.errors``), which an
 adapter translates its engine's errors into. What an engine cannot do or show is declared in
 :class:`Capabilities`; checks needing an undeclared capability are skipped and reported as such.
+
+Engine shapes the protocol is meant to fit:
+
+- vLLM-style block pools publish a block's key when it is allocated: ``publish="allocation"``;
+- engines that publish keys only after the model has computed the KV (nano-vllm, SGLang's radix
+  tree) declare ``publish="step"``: the runner calls :meth:`PrefixCacheAdapter.step` after every
+  operation, and the adapter publishes then;
+- tree engines whose "hit" is a prefix match followed by a lock implement ``allocate`` as
+  match + lock + allocation of the rest, ``lookup`` as the match alone, and ``free`` as the unlock;
+  they usually claim ``free_order="other"`` and ``dedup_on_full=None``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, RequestId
 
 ExtraKind = Literal["lora", "cache_salt", "mm", "prompt_embeds"]
 ALL_EXTRA_KINDS: frozenset[ExtraKind] = frozenset({"lora", "cache_salt", "mm", "prompt_embeds"})
+EXTRA_KIND_ORDER: tuple[ExtraKind, ...] = ("lora", "cache_salt", "mm", "prompt_embeds")
+FREE_ORDER_CLAIMS: tuple[str, ...] = ("unhashed_to_head", "append_all", "other")
+
+
+class UnsupportedConfig(Exception):
+    """Raised by a factory for a :class:`CacheConfig` its engine cannot run (e.g. a block size it
+    does not support). The suite skips what needs that config and reports it as skipped."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot be loaded at all (not installed, not built yet, bad ``module:factory``)."""
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an engine declares about itself.
+    """What an engine declares about itself (per adapter instance: it may depend on the config).
 
     Attributes:
-        fork: supports ``fork`` (and so copy-on-write of a shared partial block).
+        fork: supports ``fork`` (parallel sampling), and so copy-on-write of a shared partial block.
         ref_cnt: can report ``ref_cnt(block_id)``.
-        free_queue: can report the free_block_queue order (``free_blocks()``).
-        extras: extra-key kinds it supports; requests using others are not sent.
-        free_order: the spec policy it claims (``"unhashed_to_head"``, ``"append_all"``) or
-            ``"other"`` (e.g. a radix tree with leaf-first LRU).
-        dedup_on_full: the spec policy it claims, or ``None`` for "other".
+        free_queue: can report the free_block_queue order, head first (``free_blocks()``).
+        keys: reproduces the spec's byte-exact block keys and reports them (``block_hash``).
+        reset: supports ``reset_prefix_cache``.
+        input_errors: raises the spec's typed errors for invalid input (bad ids, tokens, extras,
+            duplicate or unknown requests). ``OutOfBlocks`` is required of every engine.
+        extras: extra-key kinds it supports; requests using others are never sent to it.
+        free_order: the spec policy it follows (``"unhashed_to_head"``, ``"append_all"``) or
+            ``"other"`` (its own eviction order, e.g. a radix tree with leaf-first LRU).
+        dedup_on_full: the spec policy it follows (``False``: duplicates kept, ``True``: swapped for
+            the cached block), or ``None`` for "other".
         exact_ids: it promises the spec's physical block ids (profile ``exact``).
         publish: ``"allocation"`` when keys are published at admission (vLLM) or ``"step"`` when
             they appear only after compute, i.e. at the next ``step()`` call (nano-vllm, SGLang).
-        lookup_is_pure: ``lookup`` changes nothing observable (a tree engine may split nodes).
+        lookup_is_pure: ``lookup`` changes nothing observable (a tree engine may split nodes or
+            refresh LRU stamps; only profiles comparing eviction order care).
     """
 
     fork: bool = True
     ref_cnt: bool = True
     free_queue: bool = True
+    keys: bool = False
+    reset: bool = True
+    input_errors: bool = True
     extras: frozenset[ExtraKind] = field(default=ALL_EXTRA_KINDS)
     free_order: str = "unhashed_to_head"
     dedup_on_full: bool | None = False
@@ -46,17 +76,80 @@ class Capabilities:
     publish: Literal["allocation", "step"] = "allocation"
     lookup_is_pure: bool = True
 
+    def claims_policy_of(self, config: CacheConfig) -> bool:
+        """Whether the engine follows exactly the spec policy ``config`` names."""
+        return bool(self.free_order == config.free_order and self.dedup_on_full == config.dedup_on_full)
+
+    def claims_a_spec_policy(self) -> bool:
+        """Whether both policy claims name spec policies (not "other")."""
+        return self.free_order in ("unhashed_to_head", "append_all") and self.dedup_on_full is not None
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (the form of the JSON-lines protocol's ``create`` reply)."""
+        return {
+            "fork": self.fork,
+            "ref_cnt": self.ref_cnt,
+            "free_queue": self.free_queue,
+            "keys": self.keys,
+            "reset": self.reset,
+            "input_errors": self.input_errors,
+            "extras": [k for k in EXTRA_KIND_ORDER if k in self.extras],
+            "free_order": self.free_order,
+            "dedup_on_full": self.dedup_on_full,
+            "exact_ids": self.exact_ids,
+            "publish": self.publish,
+            "lookup_is_pure": self.lookup_is_pure,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, object]) -> Capabilities:
+        """The inverse of :meth:`to_json`; missing fields take their defaults, unknown ones are
+        rejected (a typo must not silently claim nothing)."""
+        known = set(cls().to_json())
+        unknown = set(obj) - known
+        if unknown:
+            raise ValueError(f"unknown capability fields: {sorted(unknown)}")
+        caps = cls()
+        kwargs: dict[str, object] = {}
+        for name in known & set(obj):
+            value = obj[name]
+            if name == "extras":
+                if not isinstance(value, list) or not all(v in ALL_EXTRA_KINDS for v in value):
+                    raise ValueError(f"extras must be a list of {sorted(ALL_EXTRA_KINDS)}")
+                kwargs[name] = frozenset(value)
+            elif name == "free_order":
+                if value not in FREE_ORDER_CLAIMS:
+                    raise ValueError(f"free_order must be one of {FREE_ORDER_CLAIMS}")
+                kwargs[name] = value
+            elif name == "dedup_on_full":
+                if value is not None and not isinstance(value, bool):
+                    raise ValueError("dedup_on_full must be true, false or null")
+                kwargs[name] = value
+            elif name == "publish":
+                if value not in ("allocation", "step"):
+                    raise ValueError("publish must be 'allocation' or 'step'")
+                kwargs[name] = value
+            else:
+                if not isinstance(value, bool):
+                    raise ValueError(f"{name} must be a bool")
+                kwargs[name] = value
+        return replace(caps, **kwargs)  # type: ignore[arg-type]
+
 
 @runtime_checkable
 class PrefixCacheAdapter(Protocol):
-    """An engine's prefix cache, seen through the spec's operations."""
+    """An engine's prefix cache, seen through the spec's operations.
+
+    Every operation is all-or-nothing and raises the spec's typed errors
+    (:mod:`pagedprefix.spec.errors`). Observations needing an undeclared capability
+    (``ref_cnt``, ``free_blocks``, ``block_hash``) may raise :class:`NotImplementedError`; they are
+    never called then. An adapter may also define ``close()``; the suite calls it when done.
+    """
 
     capabilities: Capabilities
 
-    def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = ...
-    ) -> Allocation:
-        """Admit a request; returns ``num_computed_tokens`` and its block_table."""
+    def allocate(self, request_id: RequestId, tokens: Sequence[int], extras: Extras = ...) -> Allocation:
+        """Admit a request; returns ``num_computed_tokens`` (the cached prefix) and its block_table."""
         ...
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
@@ -80,11 +173,11 @@ class PrefixCacheAdapter(Protocol):
         ...
 
     def block_table(self, request_id: RequestId) -> tuple[int, ...]:
-        """A live request's block_table."""
+        """A live request's block_table (``UnknownRequest`` for an id that is not live)."""
         ...
 
     def num_free_blocks(self) -> int:
-        """Blocks not referenced by any live request."""
+        """Blocks not referenced by any live request (cached-but-evictable ones included)."""
         ...
 
     def ref_cnt(self, block_id: int) -> int:
@@ -95,9 +188,44 @@ class PrefixCacheAdapter(Protocol):
         """The free_block_queue head to tail (only if ``capabilities.free_queue``)."""
         ...
 
+    def block_hash(self, block_id: int) -> bytes | None:
+        """A block's key in the spec's encoding, or None (only if ``capabilities.keys``)."""
+        ...
+
     def step(self) -> None:
         """Boundary after each operation: an engine that publishes keys after compute does so now."""
         ...
 
 
 AdapterFactory = Callable[[CacheConfig], PrefixCacheAdapter]
+
+
+class AdapterBase:
+    """Convenience base: no-op ``step``, and introspection that is not implemented.
+
+    Subclass it, set ``capabilities``, implement the operations; override what you can observe.
+    """
+
+    capabilities: Capabilities = Capabilities(ref_cnt=False, free_queue=False, reset=False)
+
+    def ref_cnt(self, block_id: int) -> int:
+        raise NotImplementedError("ref_cnt introspection not declared")
+
+    def free_blocks(self) -> tuple[int, ...]:
+        raise NotImplementedError("free-queue introspection not declared")
+
+    def block_hash(self, block_id: int) -> bytes | None:
+        raise NotImplementedError("key introspection not declared")
+
+    def step(self) -> None:
+        return None
+
+    def reset_prefix_cache(self) -> bool:
+        raise NotImplementedError("reset not declared")
+
+
+def close_adapter(adapter: object) -> None:
+    """Call the adapter's optional ``close()``."""
+    close = getattr(adapter, "close", None)
+    if callable(close):
+        close()

@@ -1,0 +1,133 @@
+"""Adapters shipped with the suite: the spec itself and the optimized implementation.
+
+``pagedprefix.conformance.adapters:spec`` and ``pagedprefix.conformance.adapters:impl`` are
+:data:`~pagedprefix.conformance.protocol.AdapterFactory` values: ``factory(config) -> adapter``.
+Both engines have exactly the spec's API, so one delegating class serves both; they follow the
+policy the config names, reproduce the spec's keys and promise its physical ids (profile ``exact``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId, SpecCache
+
+from .protocol import Capabilities, EngineUnavailable, PrefixCacheAdapter
+
+
+class SpecShaped(Protocol):
+    """An engine with exactly :class:`SpecCache`'s operations and observations."""
+
+    def allocate(self, request_id: RequestId, tokens: Sequence[int], extras: Extras = ...) -> Allocation: ...
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult: ...
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None: ...
+    def free(self, request_id: RequestId) -> None: ...
+    def lookup(self, tokens: Sequence[int], extras: Extras = ...) -> int: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def block_table(self, request_id: RequestId) -> tuple[int, ...]: ...
+    def num_free_blocks(self) -> int: ...
+    def ref_cnt(self, block_id: int) -> int: ...
+    def free_blocks(self) -> tuple[int, ...]: ...
+    def block_hash(self, block_id: int) -> bytes | None: ...
+
+
+def spec_capabilities(config: CacheConfig) -> Capabilities:
+    """What an engine with the spec's API and semantics declares under ``config``."""
+    return Capabilities(
+        keys=True,
+        free_order=config.free_order,
+        dedup_on_full=config.dedup_on_full,
+        exact_ids=True,
+    )
+
+
+class SpecShapedAdapter:
+    """Adapter for any engine with :class:`SpecCache`'s API (the spec, ``impl.BlockManager``)."""
+
+    def __init__(self, cache: SpecShaped, capabilities: Capabilities) -> None:
+        self.cache = cache
+        self.capabilities = capabilities
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        return self.cache.allocate(request_id, tokens, extras)
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+        return self.cache.append(request_id, tokens)
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        self.cache.fork(parent_id, child_id)
+
+    def free(self, request_id: RequestId) -> None:
+        self.cache.free(request_id)
+
+    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+        return self.cache.lookup(tokens, extras)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.cache.reset_prefix_cache()
+
+    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
+        return self.cache.block_table(request_id)
+
+    def num_free_blocks(self) -> int:
+        return self.cache.num_free_blocks()
+
+    def ref_cnt(self, block_id: int) -> int:
+        return self.cache.ref_cnt(block_id)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        return self.cache.free_blocks()
+
+    def block_hash(self, block_id: int) -> bytes | None:
+        return self.cache.block_hash(block_id)
+
+    def step(self) -> None:
+        return None
+
+
+class SpecAdapter(SpecShapedAdapter):
+    """The executable spec as an adapter; ``num_evictions`` is exposed for the runner's model."""
+
+    cache: SpecCache
+
+    def __init__(self, config: CacheConfig) -> None:
+        super().__init__(SpecCache.create(config), spec_capabilities(config))
+
+    @property
+    def num_evictions(self) -> int:
+        return int(self.cache.num_evictions)
+
+
+def spec(config: CacheConfig) -> PrefixCacheAdapter:
+    """Factory of the spec adapter (``pagedprefix.conformance.adapters:spec``)."""
+    return SpecAdapter(config)
+
+
+def impl_block_manager() -> Any:
+    """``pagedprefix.impl.BlockManager``, imported lazily; :class:`EngineUnavailable` if absent."""
+    try:
+        from pagedprefix import impl as impl_pkg
+    except ImportError as exc:  # pragma: no cover - the package always ships impl/
+        raise EngineUnavailable(f"pagedprefix.impl cannot be imported: {exc}") from exc
+    manager = getattr(impl_pkg, "BlockManager", None)
+    if manager is None:
+        raise EngineUnavailable("pagedprefix.impl.BlockManager is not available (impl/ not built yet)")
+    return manager
+
+
+def impl_available() -> bool:
+    """Whether the optimized implementation can be loaded."""
+    try:
+        impl_block_manager()
+    except EngineUnavailable:
+        return False
+    return True
+
+
+def impl(config: CacheConfig) -> PrefixCacheAdapter:
+    """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``)."""
+    manager = impl_block_manager()
+    return SpecShapedAdapter(manager.create(config), spec_capabilities(config))

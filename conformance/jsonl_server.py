@@ -1,0 +1,139 @@
+"""Serve any Python adapter over the JSON-lines protocol (``subprocess_adapter`` documents it).
+
+``python -m pagedprefix.conformance.jsonl_server --engine module:factory`` reads requests from
+stdin and writes responses to stdout, one per line. It is the reference implementation of the
+server side, and a way to check a Python engine through the same path an engine in C++ or Rust
+would take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import IO, Any
+
+from .codec import Json, config_from_json, error_kind, extras_from_json
+from .protocol import AdapterFactory, PrefixCacheAdapter, close_adapter
+from .subprocess_adapter import PROTOCOL, PROTOCOL_VERSION
+
+
+class _Shutdown(Exception):
+    pass
+
+
+class Server:
+    """Dispatches protocol requests to adapters built by ``factory``."""
+
+    def __init__(self, factory: AdapterFactory) -> None:
+        self.factory = factory
+        self.caches: dict[int, PrefixCacheAdapter] = {}
+        self.next_handle = 1
+
+    def _cache(self, params: dict[str, Json]) -> PrefixCacheAdapter:
+        handle = params.get("handle")
+        cache = self.caches.get(handle) if isinstance(handle, int) else None
+        if cache is None:
+            raise ValueError(f"unknown handle {handle!r}")
+        return cache
+
+    def handle(self, method: str, params: dict[str, Json]) -> Json:
+        """The result of one request (raises what the engine raises)."""
+        if method == "hello":
+            return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
+        if method == "shutdown":
+            raise _Shutdown
+        if method == "create":
+            adapter = self.factory(config_from_json(params["config"]))
+            handle = self.next_handle
+            self.next_handle += 1
+            self.caches[handle] = adapter
+            return {"handle": handle, "capabilities": adapter.capabilities.to_json()}
+        if method == "drop":
+            adapter = self._cache(params)
+            del self.caches[params["handle"]]
+            close_adapter(adapter)
+            return None
+        cache = self._cache(params)
+        ops: dict[str, Callable[[], Json]] = {
+            "allocate": lambda: self._allocation(
+                cache.allocate(params["request_id"], params["tokens"], extras_from_json(params.get("extras")))
+            ),
+            "append": lambda: self._append(cache.append(params["request_id"], params["tokens"])),
+            "fork": lambda: cache.fork(params["parent_id"], params["child_id"]),
+            "free": lambda: cache.free(params["request_id"]),
+            "lookup": lambda: {
+                "num_computed_tokens": cache.lookup(params["tokens"], extras_from_json(params.get("extras")))
+            },
+            "reset_prefix_cache": lambda: {"reset": cache.reset_prefix_cache()},
+            "block_table": lambda: {"block_table": list(cache.block_table(params["request_id"]))},
+            "num_free_blocks": lambda: {"num_free_blocks": cache.num_free_blocks()},
+            "ref_cnt": lambda: {"ref_cnt": cache.ref_cnt(params["block_id"])},
+            "free_blocks": lambda: {"free_blocks": list(cache.free_blocks())},
+            "block_hash": lambda: {"block_hash": self._hex(cache.block_hash(params["block_id"]))},
+            "step": lambda: cache.step(),
+        }
+        if method not in ops:
+            raise ValueError(f"unknown method {method!r}")
+        return ops[method]()
+
+    @staticmethod
+    def _allocation(alloc: Any) -> Json:
+        return {"num_computed_tokens": alloc.num_computed_tokens, "block_table": list(alloc.block_table)}
+
+    @staticmethod
+    def _append(res: Any) -> Json:
+        return {"copies": [list(c) for c in res.copies], "block_table": list(res.block_table)}
+
+    @staticmethod
+    def _hex(value: bytes | None) -> str | None:
+        return None if value is None else value.hex()
+
+    def serve(self, stdin: IO[str], stdout: IO[str]) -> None:
+        """Answer requests until ``shutdown`` or end of input."""
+        for line in stdin:
+            if not line.strip():
+                continue
+            rid: Json = None
+            try:
+                request = json.loads(line)
+                rid = request.get("id")
+                reply: dict[str, Json] = {
+                    "id": rid,
+                    "result": self.handle(request["method"], request.get("params") or {}),
+                }
+            except _Shutdown:
+                stdout.write(json.dumps({"id": rid, "result": None}) + "\n")
+                stdout.flush()
+                break
+            except Exception as exc:
+                kind = error_kind(exc) or "EngineError"
+                err: dict[str, Json] = {
+                    "kind": kind,
+                    "message": f"{type(exc).__name__}: {exc}" if kind == "EngineError" else str(exc),
+                }
+                for name in ("needed", "available", "never_fits"):
+                    if hasattr(exc, name):
+                        err[name] = getattr(exc, name)
+                reply = {"id": rid, "error": err}
+            stdout.write(json.dumps(reply) + "\n")
+            stdout.flush()
+        for adapter in self.caches.values():
+            close_adapter(adapter)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .suite import load_engine
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedprefix.conformance.jsonl_server", description=__doc__
+    )
+    parser.add_argument("--engine", default="spec", help="impl, spec or module:factory (default: spec)")
+    args = parser.parse_args(argv)
+    Server(load_engine(args.engine)).serve(sys.stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""The spec as the model: expected outcomes and observations in the vectors' JSON form, and one
+run of an engine judged step by step (shared by the vector runner and the stateful runner)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedprefix.spec import CacheConfig, RequestId
+
+from .adapters import SpecAdapter
+from .codec import Json
+from .driver import Observation, Outcome, Step, describe_step, execute, is_live, observe
+from .judge import Judge, first_error
+from .properties import Violation, at_least
+from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, close_adapter
+
+FULL_CAPS = Capabilities(keys=True)
+
+
+class SpecModel:
+    """The spec driven by JSON steps; gives the expectation of each step."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+        self.adapter = SpecAdapter(config)
+        self.pops = 0
+
+    def observe(self, want_keys: bool = False) -> Observation:
+        cache = self.adapter.cache
+        return observe(self.adapter, FULL_CAPS, self.config.num_blocks, cache.request_ids(), want_keys)
+
+    def do(self, step: Step, want_keys: bool = False) -> tuple[Outcome, dict[str, Json]]:
+        """Run ``step``; returns the outcome and the expectation
+        ``{"error", "result", <observation>, "evictions", "pops"}``.
+
+        ``evictions`` counts keys the spec has evicted; ``pops`` counts blocks it has taken from the
+        free queue for new content since creation or the last successful reset. While
+        ``pops <= num_blocks`` a never-used block was always available, so no engine needed to
+        evict anything: that is "no eviction pressure" for profile ``maximal``.
+        """
+        old_blocks = 0
+        if step["op"] == "append":
+            try:
+                old_blocks = len(self.adapter.block_table(step["request_id"]))
+            except Exception:
+                old_blocks = 0
+        outcome = execute(self.adapter, step)
+        assert outcome.crash is None, f"the spec crashed on {step}: {outcome.crash}"
+        if outcome.ok:
+            res = outcome.result or {}
+            if step["op"] == "allocate":
+                self.pops += len(res["block_table"]) - res["num_computed_tokens"] // self.config.block_size
+            elif step["op"] == "append":
+                self.pops += len(res["copies"]) + len(res["block_table"]) - old_blocks
+            elif step["op"] == "reset" and res["reset"]:
+                self.pops = 0
+        expect: dict[str, Json] = {"error": outcome.error, "result": outcome.result}
+        expect.update(self.observe(want_keys))
+        expect["evictions"] = self.adapter.num_evictions
+        expect["pops"] = self.pops
+        return outcome, expect
+
+
+def effective_level(profile: str, caps: Capabilities, config: CacheConfig) -> str:
+    """The profile a run is judged at: ``lru``/``exact`` need the engine to follow the config's
+    policy (else ``maximal``), ``exact`` needs ``exact_ids`` (else ``lru``);
+    ``single-namespace`` is judged like ``core``."""
+    level = "core" if profile == "single-namespace" else profile
+    if at_least(level, "lru") and not caps.claims_policy_of(config):
+        level = "maximal"
+    if level == "exact" and not caps.exact_ids:
+        level = "lru"
+    return level
+
+
+def _valid_id(request_id: object) -> bool:
+    return isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool))
+
+
+def live_after(judge: Judge, step: Step, outcome: Outcome) -> list[RequestId]:
+    """The requests that should be live after ``step`` given its outcome."""
+    live = list(judge.live)
+    if outcome.ok and first_error(step, judge.live) is None:
+        op = step["op"]
+        if op == "allocate":
+            live.append(step["request_id"])
+        elif op == "fork":
+            live.append(step["child_id"])
+        elif op == "free":
+            live.remove(step["request_id"])
+    return live
+
+
+@dataclass
+class EngineRun:
+    """One engine instance judged step by step."""
+
+    adapter: PrefixCacheAdapter
+    config: CacheConfig
+    judge: Judge
+
+    @classmethod
+    def start(
+        cls,
+        factory: AdapterFactory,
+        config: CacheConfig,
+        profile: str,
+        expected_initial: Observation | None,
+        disabled: frozenset[str] = frozenset(),
+        adapter: PrefixCacheAdapter | None = None,
+    ) -> EngineRun:
+        """Build the engine (unless ``adapter`` is given) and check its fresh state."""
+        if adapter is None:
+            adapter = factory(config)
+        judge = Judge(config, effective_level(profile, adapter.capabilities, config), disabled)
+        run = cls(adapter, config, judge)
+        judge.start(run.observe([], False), expected_initial)
+        return run
+
+    @property
+    def caps(self) -> Capabilities:
+        return self.adapter.capabilities
+
+    def observe(self, live: list[RequestId], want_keys: bool) -> Observation:
+        return observe(self.adapter, self.caps, self.config.num_blocks, live, want_keys)
+
+    def do(self, step: Step, expected: dict[str, Json] | None) -> Outcome:
+        """Run one step on the engine, call its step boundary, observe and judge."""
+        outcome = execute(self.adapter, step)
+        if outcome.crash is not None:
+            self.judge.fail("error-kinds", f"{describe_step(step)} crashed: {outcome.crash}")
+        try:
+            self.adapter.step()
+        except Exception as exc:
+            raise Violation("error-kinds", f"step() raised {type(exc).__name__}: {exc}") from None
+        leaked = False
+        if not outcome.ok and step["op"] in ("allocate", "fork"):
+            new_id = step["request_id"] if step["op"] == "allocate" else step["child_id"]
+            if _valid_id(new_id) and new_id not in self.judge.live:
+                leaked = is_live(self.adapter, new_id)
+        obs = self.observe(live_after(self.judge, step, outcome), expected is not None and "keys" in expected)
+        self.judge.check(step, outcome, obs, expected, leaked)
+        return outcome
+
+    def close(self) -> None:
+        close_adapter(self.adapter)

@@ -1,0 +1,94 @@
+"""Profiles (SEMANTICS.md section 6) and the properties each one checks.
+
+Profiles form a ladder; each promises everything the ones before it promise:
+
+``single-namespace`` < ``core`` < ``maximal`` < ``lru`` < ``exact``
+
+- ``single-namespace``: the core properties, for requests without extra keys.
+- ``core``: the core properties (1)-(6), for every extra-key kind the engine supports, plus typed
+  errors for invalid input and no spurious ``OutOfBlocks``.
+- ``maximal``: core, and without eviction pressure no spurious misses (a hit at least as long as
+  the spec's; a hit on a freed-but-not-evicted block counts).
+- ``lru``: maximal, and for an engine that declares the spec's policies, every observation equals
+  the spec's up to one consistent renaming of physical block ids: hit lengths under eviction, error
+  kinds (``OutOfBlocks`` included), block tables, copy-on-write copies, ref counts, free counts
+  and the free_block_queue order.
+- ``exact``: lru with the physical ids themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROFILES: tuple[str, ...] = ("single-namespace", "core", "maximal", "lru", "exact")
+
+
+def profile_rank(profile: str) -> int:
+    """Position of ``profile`` on the ladder; ``ValueError`` for an unknown name."""
+    try:
+        return PROFILES.index(profile)
+    except ValueError:
+        raise ValueError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}") from None
+
+
+def at_least(profile: str, other: str) -> bool:
+    """Whether ``profile`` promises everything ``other`` promises."""
+    return profile_rank(profile) >= profile_rank(other)
+
+
+def weaker(a: str, b: str) -> str:
+    """The weaker of two profiles."""
+    return a if profile_rank(a) <= profile_rank(b) else b
+
+
+@dataclass(frozen=True)
+class Property:
+    """One checked property: its id, the weakest profile checking it, what it says, and the
+    capability it needs (``None``: every engine)."""
+
+    name: str
+    profile: str
+    summary: str
+    needs: str | None = None
+
+
+PROPERTIES: tuple[Property, ...] = (
+    Property("held-blocks", "core", "(1) a block held by a request is never evicted, reused or freed"),
+    Property("hit-content", "core", "(2) a hit never serves KV written for other tokens, extras or history"),
+    Property("cow-isolation", "core", "(3) a write through one request is never visible through another"),
+    Property("accounting", "core", "(4) free + in-use = N, ref counts match the tables, all free at the end"),
+    Property("atomic-failure", "core", "(5) a failed operation changes nothing"),
+    Property("hit-cap", "core", "(6) a hit never exceeds num_tokens - 1"),
+    Property("error-kinds", "core", "invalid input gets the spec's typed error, in precedence order"),
+    Property("progress", "core", "no OutOfBlocks while enough blocks are free"),
+    Property("maximal-hits", "maximal", "without eviction pressure, no hit is shorter than the spec's"),
+    Property(
+        "policy-hits", "lru", "hit lengths (and reset results) equal the spec's, eviction included", "policy"
+    ),
+    Property(
+        "policy-sharing",
+        "lru",
+        "block tables, copies, ref counts, free counts and errors equal the spec's up to renaming",
+        "policy",
+    ),
+    Property(
+        "policy-free-queue",
+        "lru",
+        "the free_block_queue order equals the spec's up to renaming",
+        "free_queue",
+    ),
+    Property("exact-ids", "exact", "physical block ids equal the spec's", "exact_ids"),
+    Property("block-keys", "core", "block keys are byte-exact (spec/keys.py)", "keys"),
+)
+PROPERTY_NAMES: tuple[str, ...] = tuple(p.name for p in PROPERTIES)
+PROPERTY_BY_NAME: dict[str, Property] = {p.name: p for p in PROPERTIES}
+
+
+class Violation(AssertionError):
+    """A property does not hold. ``prop`` is one of :data:`PROPERTY_NAMES`."""
+
+    def __init__(self, prop: str, message: str) -> None:
+        assert prop in PROPERTY_BY_NAME, prop
+        self.prop = prop
+        self.message = message
+        super().__init__(f"[{prop}] {message}")

@@ -1,0 +1,196 @@
+"""Demo engines with one realistic fault each, for testing that the conformance suite bites.
+
+Each is the spec with one method changed, wrapped like any spec-shaped engine and declaring the
+spec's capabilities (so the suite believes it is a faithful engine):
+
+- ``ignores_salt``: drops ``cache_salt`` from the key, so tenants share KV (hit-content);
+- ``evicts_in_use``: an off-by-one in release puts a block back on the free queue while another
+  request still holds it, so it gets reused under that request (held-blocks);
+- ``skips_cow``: appends write into a shared partial block instead of copying it (cow-isolation);
+- ``frees_forward``: free walks the block table head first, so a chain's head is evicted before its
+  tail — only the profiles comparing eviction order (lru, exact) notice;
+- ``dirty_oob``: allocate touches its hits before checking capacity and leaves them touched when
+  it raises OutOfBlocks (atomic-failure);
+- ``forgets_on_free``: free drops the keys of the blocks it releases, so nothing outlives its request
+  — correct, but not maximal (maximal-hits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
+from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
+from pagedprefix.spec import (
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    Extras,
+    OutOfBlocks,
+    RequestId,
+    SpecCache,
+    blocks_needed,
+    check_extras,
+    check_tokens,
+)
+from pagedprefix.spec.cache import Request
+
+
+def _unsalted(extras: Extras) -> Extras:
+    if isinstance(extras, Extras) and isinstance(extras.cache_salt, str):
+        return replace(extras, cache_salt="")
+    return extras
+
+
+class IgnoresSalt(SpecCache):
+    """Keys ignore ``cache_salt`` (validation still sees it)."""
+
+    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+        check_extras(extras, len(check_tokens(tokens)))
+        return super().lookup(tokens, _unsalted(extras))
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        self._check_new_id(request_id)
+        check_extras(extras, len(check_tokens(tokens)))
+        return super().allocate(request_id, tokens, _unsalted(extras))
+
+
+class EvictsInUse(SpecCache):
+    """Releases a block to the free queue when its ref_cnt drops to 1 instead of 0."""
+
+    def _release(self, b: int) -> None:
+        block = self.blocks[b]
+        block.ref_cnt -= 1
+        if block.ref_cnt > 1 or b in self.free_block_queue:  # the fault: should be ``> 0``
+            return
+        if block.block_hash is None and self.config.free_order == "unhashed_to_head":
+            self.free_block_queue.insert(0, b)
+        else:
+            self.free_block_queue.append(b)
+
+    def _touch(self, b: int) -> None:
+        if b in self.free_block_queue:
+            self.free_block_queue.remove(b)
+        self.blocks[b].ref_cnt += 1
+
+    def _pop_free(self) -> int:
+        b = self.free_block_queue.pop(0)
+        if self.blocks[b].block_hash is not None:
+            self._evict(b)
+        self.blocks[b].ref_cnt = 1
+        return b
+
+    def _register(self, request: Request, block_index: int, key: bytes) -> None:
+        b = request.block_table[block_index]
+        if self.blocks[b].block_hash is not None:
+            return
+        self.blocks[b].block_hash = key
+        self.cached.setdefault(key, []).append(b)
+
+    def reset_prefix_cache(self) -> bool:
+        if any(block.ref_cnt > 0 for block in self.blocks):
+            return False
+        return super().reset_prefix_cache()
+
+
+class SkipsCow(SpecCache):
+    """Appends write into the last block even when it is shared: no copy-on-write."""
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+        request = self._check_live_id(request_id)
+        token_list = check_tokens(tokens)
+        size = self.config.block_size
+        old_len = len(request.tokens)
+        new_len = old_len + len(token_list)
+        grow = blocks_needed(new_len, size) - blocks_needed(old_len, size)
+        if grow > len(self.free_block_queue):
+            raise OutOfBlocks(
+                grow, len(self.free_block_queue), self.config.num_blocks, blocks_needed(new_len, size)
+            )
+        request.tokens.extend(token_list)
+        request.block_table.extend(self._pop_free() for _ in range(grow))
+        keys = self.block_keys(request.tokens, request.extras)
+        for i in range(old_len // size, len(keys)):
+            b = request.block_table[i]
+            if self.blocks[b].block_hash is not None:
+                continue
+            if self.blocks[b].ref_cnt == 1:
+                self._register(request, i, keys[i])
+            else:
+                self.blocks[b].block_hash = keys[i]
+                self.cached.setdefault(keys[i], []).append(b)
+        return AppendResult((), tuple(request.block_table))
+
+
+class FreesForward(SpecCache):
+    """Free walks the block table from the head (vLLM v1 walks it in reverse)."""
+
+    def free(self, request_id: RequestId) -> None:
+        request = self._check_live_id(request_id)
+        del self.requests[request_id]
+        for b in request.block_table:
+            self._release(b)
+
+
+class DirtyOutOfBlocks(SpecCache):
+    """Touches its hits before the capacity check and does not undo that on OutOfBlocks."""
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        self._check_new_id(request_id)
+        token_list = check_tokens(tokens)
+        check_extras(extras, len(token_list))
+        hits, _ = self._hit_blocks(token_list, extras)
+        for b in hits:
+            self._touch(b)  # the fault: state changes before the operation is known to succeed
+        total = blocks_needed(len(token_list), self.config.block_size)
+        need = total - len(hits)
+        if need > len(self.free_block_queue):
+            raise OutOfBlocks(need, len(self.free_block_queue), self.config.num_blocks, total)
+        fresh = [self._pop_free() for _ in range(need)]
+        request = Request(token_list, extras, hits + fresh)
+        self.requests[request_id] = request
+        self._register_full_blocks(request, first=len(hits))
+        return Allocation(len(hits) * self.config.block_size, tuple(request.block_table))
+
+
+class ForgetsOnFree(SpecCache):
+    """Free evicts: a released block loses its key at once."""
+
+    def free(self, request_id: RequestId) -> None:
+        super().free(request_id)
+        for b in self.free_block_queue:
+            if self.blocks[b].block_hash is not None:
+                self._evict(b)
+
+
+def _factory(cls: type[SpecCache]) -> AdapterFactory:
+    def factory(config: CacheConfig) -> PrefixCacheAdapter:
+        cache = cls.create(config)
+        return SpecShapedAdapter(cache, spec_capabilities(config))
+
+    factory.__name__ = cls.__name__
+    return factory
+
+
+ignores_salt = _factory(IgnoresSalt)
+evicts_in_use = _factory(EvictsInUse)
+skips_cow = _factory(SkipsCow)
+frees_forward = _factory(FreesForward)
+dirty_oob = _factory(DirtyOutOfBlocks)
+forgets_on_free = _factory(ForgetsOnFree)
+
+# engine -> (profile it is run at, the property that must fail first)
+EXPECTED: dict[str, tuple[str, str]] = {
+    "ignores_salt": ("core", "hit-content"),
+    "evicts_in_use": ("core", "held-blocks"),
+    "skips_cow": ("core", "cow-isolation"),
+    "frees_forward": ("lru", "policy-free-queue"),
+    "dirty_oob": ("core", "atomic-failure"),
+    "forgets_on_free": ("maximal", "maximal-hits"),
+}

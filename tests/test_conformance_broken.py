@@ -1,0 +1,60 @@
+"""The suite bites: each demo engine with one realistic fault is reported with the right property."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from pagedprefix.conformance import run_conformance
+from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
+from pagedprefix.conformance.protocol import Capabilities, PrefixCacheAdapter
+from pagedprefix.conformance.vectors import run_vectors
+from pagedprefix.spec import CacheConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+import broken_engines
+
+
+@pytest.mark.parametrize("name", sorted(broken_engines.EXPECTED))
+def test_stateful_runner_reports_the_fault(name: str) -> None:
+    profile, prop = broken_engines.EXPECTED[name]
+    factory = getattr(broken_engines, name)
+    report = run_conformance(factory, profile=profile, max_examples=150, max_failures=1)
+    failures = report.failures()
+    assert [f.prop for f in failures] == [prop], [f.render() for f in failures]
+    assert f"violates {prop}" in failures[0].sequence
+    status = {p.name: p.status for p in report.properties}
+    assert status[prop] == "fail"
+
+
+@pytest.mark.parametrize("name", sorted(broken_engines.EXPECTED))
+def test_vectors_report_the_fault(name: str) -> None:
+    profile, prop = broken_engines.EXPECTED[name]
+    report = run_vectors(getattr(broken_engines, name), profile)
+    failed = {r.prop for r in report.by_status("fail")}
+    assert prop in failed
+    # the salt engine also derives other keys; nothing else may fail
+    assert failed <= {prop, "block-keys"}
+
+
+@pytest.mark.parametrize("profile", ["core", "maximal"])
+def test_forward_free_order_is_invisible_below_lru(profile: str) -> None:
+    report = run_conformance(broken_engines.frees_forward, profile=profile, max_examples=80)
+    assert report.ok, [f.render() for f in report.failures()]
+    vectors = run_vectors(broken_engines.frees_forward, profile)
+    assert vectors.ok
+
+
+def test_forward_free_order_shows_in_tables_without_free_queue_introspection() -> None:
+    def blind(config: CacheConfig) -> PrefixCacheAdapter:
+        adapter = broken_engines.frees_forward(config)
+        assert isinstance(adapter, SpecShapedAdapter)
+        caps = spec_capabilities(config)
+        adapter.capabilities = Capabilities(**{**caps.__dict__, "free_queue": False})
+        return adapter
+
+    report = run_conformance(blind, profile="lru", max_examples=150, max_failures=1)
+    [failure] = report.failures()
+    # the first symptom: a later admission gets other blocks (or a shorter hit) than the spec's
+    assert failure.prop in ("policy-sharing", "policy-hits")
