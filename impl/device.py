@@ -209,7 +209,14 @@ class KVCache:
     Use per step: run the manager's ``append`` calls, hand each ``AppendResult`` to
     :meth:`schedule`, then write the step's K/V with :meth:`write` (which first executes every
     scheduled copy, in all layers, so a copy always reads the block as it was before the step's
-    writes and a write never lands in a block still shared with another request).
+    writes). All of a step's ``append``/``fork`` calls must come before its writes: a copy runs at
+    the step's first write, so it must not be scheduled after a write it depends on.
+
+    Under ``dedup_on_full=True`` (vLLM v0) a block that just filled may have been swapped for an
+    already cached block holding the same key; the tokens that filled it then map to slots of that
+    shared block, and the write stores values identical to what it holds. Two requests doing so
+    in one step map to the same slots: pass each slot once (set repeats to ``-1``), since
+    ``write_kv`` rejects duplicate slots.
     """
 
     def __init__(
