@@ -1,0 +1,176 @@
+"""``pagedprefix replay``: drive a request trace through an engine and report hit rates.
+
+Examples::
+
+    pagedprefix replay --trace conversation                       # impl, 16-token blocks, 16000 blocks
+    pagedprefix replay --trace synthetic --num-blocks 1000,4000,16000,64000,unbounded \\
+        --max-running 1 --plot curve.png --csv curve.csv --json curve.json
+    pagedprefix replay --trace my_trace.jsonl.gz --strict --limit 500 --engine spec
+    pagedprefix replay --limit 300 --num-blocks 4096 --max-output 128 --check-spec --repro div.json
+    pagedprefix replay --engine pagedprefix.conformance.adapters:impl --check-spec --limit 300
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .engines import DEFAULT_ENGINE, EngineUnavailable, load_factory
+from .lockstep import Divergence
+from .report import monotonicity_violations, results_table, write_csv, write_json, write_plot
+from .sim import ProgressFn, ReplayConfig, ReplayResult, run_replay
+from .trace import BUILTIN_TRACES, TraceError, load_trace
+
+PROGRESS_MIN_REQUESTS = 500
+MAX_BAD_LINES_SHOWN = 10
+
+
+def parse_capacities(text: str) -> list[int | None]:
+    """``"1000,4000,unbounded"`` -> ``[1000, 4000, None]`` (``unbounded``/``inf``: never evict)."""
+    out: list[int | None] = []
+    for part in text.split(","):
+        item = part.strip().lower().replace("_", "")
+        if not item:
+            continue
+        if item in ("unbounded", "inf", "none"):
+            out.append(None)
+            continue
+        try:
+            value = int(item)
+        except ValueError:
+            raise typer.BadParameter(f"not a block count: {part.strip()!r}") from None
+        if value < 1:
+            raise typer.BadParameter(f"block counts must be >= 1, got {value}")
+        out.append(value)
+    if not out:
+        raise typer.BadParameter("give at least one block count")
+    return out
+
+
+@contextmanager
+def _progress(enabled: bool, console: Console, label: str, total: int) -> Iterator[ProgressFn | None]:
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+
+        def update(done: int, _total: int) -> None:
+            bar.update(task, completed=done)
+
+        yield update
+
+
+_H_TRACE = f"built-in trace ({', '.join(BUILTIN_TRACES)}) or a JSONL path (plain or .gz)"
+_H_BLOCKS = "pool size in blocks; a comma list sweeps capacities; 'unbounded' never evicts"
+_H_CHUNK = "decode tokens appended per sequence per step"
+_H_SAMPLES = "sequences per request (fork + copy-on-write)"
+_H_STEP = "simulated ms per scheduler step; requests then arrive at their timestamps"
+_H_STRICT = "strict: the first bad line is an error; lenient: skip, count and report bad lines"
+_H_ENGINE = "'impl' (default), 'spec' or module:factory, a Callable[[CacheConfig], engine]"
+_H_CHECK = "run the spec in lockstep and stop at the first divergence"
+_H_REPRO = "where --check-spec saves the reproduction of a divergence (JSON)"
+_H_PLOT = "write the hit-rate-vs-capacity curve as PNG (needs matplotlib)"
+_H_PROGRESS = "progress bar (default: on a terminal, for long runs)"
+
+
+def replay_command(
+    trace: Annotated[str, typer.Option(help=_H_TRACE)] = "conversation",
+    num_blocks: Annotated[str, typer.Option(help=_H_BLOCKS)] = "16000",
+    block_size: Annotated[int, typer.Option(min=1, help="tokens per block")] = 16,
+    max_running: Annotated[int, typer.Option(min=1, help="most requests running at once")] = 16,
+    decode_chunk: Annotated[int, typer.Option(min=1, help=_H_CHUNK)] = 16,
+    max_output: Annotated[int | None, typer.Option(min=0, help="cap each request's output_length")] = None,
+    samples: Annotated[int, typer.Option(min=1, help=_H_SAMPLES)] = 1,
+    step_ms: Annotated[float | None, typer.Option(min=0.0, help=_H_STEP)] = None,
+    limit: Annotated[int | None, typer.Option(min=0, help="take only the first N valid requests")] = None,
+    strict: Annotated[bool, typer.Option("--strict/--lenient", help=_H_STRICT)] = False,
+    engine: Annotated[str, typer.Option(help=_H_ENGINE)] = DEFAULT_ENGINE,
+    hash_algo: Annotated[str, typer.Option(help="block key hash: sha256 or xxh3_128")] = "sha256",
+    check_spec: Annotated[bool, typer.Option("--check-spec", help=_H_CHECK)] = False,
+    repro: Annotated[Path, typer.Option(help=_H_REPRO)] = Path("replay-divergence.json"),
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="write one CSV row per capacity")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
+    plot: Annotated[Path | None, typer.Option(help=_H_PLOT)] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=_H_PROGRESS)] = None,
+) -> None:
+    """Replay a request trace through a prefix cache and report hit rates, evictions and peak usage."""
+    console = Console(stderr=True)
+    out = Console()
+    if not out.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
+        out = Console(width=160)
+    capacities = parse_capacities(num_blocks)
+    try:
+        factory = load_factory(engine)
+    except EngineUnavailable as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    try:
+        loaded = load_trace(trace, strict=strict, limit=limit)
+    except TraceError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if loaded.bad_lines:
+        console.print(f"[yellow]skipped {len(loaded.bad_lines)} bad line(s)[/yellow] in {trace}:")
+        for bad in loaded.bad_lines[:MAX_BAD_LINES_SHOWN]:
+            console.print(f"  {bad}")
+        if len(loaded.bad_lines) > MAX_BAD_LINES_SHOWN:
+            console.print(f"  … and {len(loaded.bad_lines) - MAX_BAD_LINES_SHOWN} more")
+    if not loaded.requests:
+        console.print("[red]error:[/red] the trace has no valid requests")
+        raise typer.Exit(2)
+    show = progress
+    if show is None:
+        show = console.is_terminal and len(loaded) >= PROGRESS_MIN_REQUESTS
+    results: list[ReplayResult] = []
+    divergence: Divergence | None = None
+    for cap in capacities:
+        config = ReplayConfig(block_size=block_size, num_blocks=cap, max_running=max_running,
+                              decode_chunk=decode_chunk, max_output=max_output, samples=samples,
+                              step_ms=step_ms, hash_algo=hash_algo)
+        label = f"{'unbounded' if cap is None else cap} blocks"
+        try:
+            with _progress(show, console, label, len(loaded)) as update:
+                result = run_replay(loaded.requests, config, factory, engine_name=engine, trace_name=trace,
+                                    check_spec=check_spec, progress=update)
+        except (ValueError, TypeError) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+        results.append(result)
+        if result.divergence is not None:
+            divergence = result.divergence
+            break
+    out.print(results_table(results))
+    if check_spec and divergence is None:
+        ops = sum(r.operations for r in results)
+        out.print(f"check-spec: {ops} operations agree with the spec")
+    drops = monotonicity_violations(results)
+    for a, b, ra, rb in drops:
+        out.print(f"note: token hit rate drops from {ra:.4f} at {a} blocks to {rb:.4f} at {b} blocks")
+    if csv_path is not None:
+        write_csv(results, csv_path)
+    if json_path is not None:
+        write_json(results, json_path)
+    if plot is not None:
+        try:
+            write_plot(results, plot)
+        except ImportError:
+            console.print("[red]error:[/red] --plot needs matplotlib (pip install 'pagedprefix[plot]')")
+            raise typer.Exit(2) from None
+    if divergence is not None:
+        path = divergence.save(repro)
+        console.print(f"[red]{divergence}[/red]")
+        console.print(f"reproduction ({divergence.op_index + 1} operations) saved to {path}")
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``replay`` command to the project's typer app."""
+    app.command("replay", help=replay_command.__doc__)(replay_command)

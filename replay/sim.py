@@ -1,0 +1,407 @@
+"""The replay model: a trace's requests driven through an engine, one scheduler step at a time.
+
+Model (all choices are deterministic, so two engines see the same operation sequence):
+
+- Requests enter a FIFO waiting queue in trace (timestamp) order: all at once by default, or, with
+  ``step_ms`` set, when the simulated clock reaches their timestamp (each scheduler step takes
+  ``step_ms`` ms; an idle scheduler jumps to the next arrival).
+- Admission: while fewer than ``max_running`` requests run, the head of the queue is ``allocate``d
+  (its prompt from :mod:`pagedprefix.replay.synth`). ``OutOfBlocks`` makes it wait at the head (it is
+  retried after the next ``free``; nobody overtakes it) and counts it as *delayed*. A prompt needing
+  more blocks than the whole pool (``OutOfBlocks.never_fits``) is *rejected*: counted as an all-miss
+  request and never waited on. With ``samples > 1`` the admitted request is ``fork``ed into that many
+  sequences (parallel sampling), which share the prompt's blocks and copy the partial last block on
+  write.
+- Decode: every step, each running sequence ``append``s up to ``decode_chunk`` of its own decode tokens
+  (unique per sequence, from the reserved range), until ``output_length`` tokens (capped by
+  ``max_output``) are generated; then all its sequences are ``free``d.
+- A decode step that raises ``OutOfBlocks`` preempts the most recently admitted running request
+  (vLLM's recompute preemption: its blocks are freed, it goes back to the front of the queue and later
+  restarts from its prompt) and retries; if the failing request is the only one running it can never
+  finish and is *aborted* (freed and counted).
+- Hit accounting: a request's hit is the ``num_computed_tokens`` of its *first* admission.
+  Token hit rate = sum of hits / sum of ``input_length`` over every request (rejected ones included,
+  as misses); block hit rate = sum of ``hits // block_size`` / sum of ``ceil(input_length/block_size)``.
+  With a pool large enough never to evict, the token hit rate equals the bound of
+  :mod:`pagedprefix.replay.bound`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pagedprefix.spec import Allocation, AppendResult, CacheConfig, OutOfBlocks
+
+from .bound import prefix_hit_bound
+from .engines import EngineFactory, ReplayEngine, num_evictions
+from .synth import decode_tokens, prompt_tokens
+from .trace import TraceRequest
+
+if TYPE_CHECKING:
+    from .lockstep import Divergence
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Knobs of one replay.
+
+    Attributes:
+        block_size: tokens per block.
+        num_blocks: pool size; ``None`` means unbounded (enough that nothing is ever evicted).
+        max_running: most requests admitted at once.
+        decode_chunk: decode tokens appended per sequence per step.
+        max_output: cap on each request's ``output_length`` (``None``: no cap).
+        samples: sequences per request (``> 1``: ``fork`` and copy-on-write).
+        step_ms: simulated ms per scheduler step; ``None`` ignores arrival times.
+        hash_algo, hash_seed, free_order, dedup_on_full: passed to :class:`CacheConfig`.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = 16000
+    max_running: int = 16
+    decode_chunk: int = 16
+    max_output: int | None = None
+    samples: int = 1
+    step_ms: float | None = None
+    hash_algo: str = "sha256"
+    hash_seed: int | None = None
+    free_order: str = "unhashed_to_head"
+    dedup_on_full: bool = False
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` for a knob out of range."""
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        if self.max_running < 1 or self.decode_chunk < 1 or self.samples < 1:
+            raise ValueError("max_running, decode_chunk and samples must be >= 1")
+        if self.max_output is not None and self.max_output < 0:
+            raise ValueError("max_output must be >= 0")
+        if self.step_ms is not None and self.step_ms < 0:
+            raise ValueError("step_ms must be >= 0")
+
+    def output_length(self, req: TraceRequest) -> int:
+        if self.max_output is None:
+            return req.output_length
+        return min(req.output_length, self.max_output)
+
+    def cache_config(self, num_blocks: int) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size,
+            num_blocks=num_blocks,
+            hash_algo=self.hash_algo,
+            hash_seed=self.hash_seed,
+            free_order=self.free_order,
+            dedup_on_full=self.dedup_on_full,
+        )
+
+
+def unbounded_blocks(requests: Sequence[TraceRequest], config: ReplayConfig) -> int:
+    """A pool size that never evicts: every sequence's final block count, summed (at least 1)."""
+    b = config.block_size
+    total = sum(
+        config.samples * -(-(r.input_length + config.output_length(r)) // b) for r in requests
+    )
+    return max(total, 1)
+
+
+@dataclass
+class ReplayResult:
+    """What one replay measured. Rates are properties; :meth:`row` flattens it for CSV/JSON."""
+
+    engine: str
+    trace: str
+    block_size: int
+    num_blocks: int
+    unbounded: bool
+    max_running: int
+    decode_chunk: int
+    samples: int
+    requests: int = 0
+    admitted: int = 0
+    completed: int = 0
+    rejected: int = 0
+    aborted: int = 0
+    delayed: int = 0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    prompt_blocks: int = 0
+    hit_blocks: int = 0
+    decode_tokens: int = 0
+    evictions: int | None = None
+    spec_evictions: int | None = None
+    peak_blocks_in_use: int = 0
+    cow_copies: int = 0
+    operations: int = 0
+    steps: int = 0
+    wall_s: float = 0.0
+    mean_wait_ms: float | None = None
+    bound_token_hit_rate: float | None = None
+    bound_block_hit_rate: float | None = None
+    hits: list[int] = field(default_factory=list)
+    """Per request (trace order): hit tokens at first admission, ``-1`` if never admitted."""
+    divergence: Divergence | None = None
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    def row(self) -> dict[str, Any]:
+        """Flat fields (no per-request list), with the rates, for CSV and JSON."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("hits", "divergence")}
+        out["token_hit_rate"] = self.token_hit_rate
+        out["block_hit_rate"] = self.block_hit_rate
+        out["diverged"] = self.divergence is not None
+        return out
+
+
+class Executor:
+    """Runs the replay's operations on one engine and tracks peak usage. The lockstep executor
+    (:mod:`pagedprefix.replay.lockstep`) subclasses it to run the spec alongside."""
+
+    def __init__(self, engine: ReplayEngine, num_blocks: int) -> None:
+        self.engine = engine
+        self.num_blocks = num_blocks
+        self.operations = 0
+        self.peak_in_use = 0
+
+    def _after(self) -> None:
+        self.operations += 1
+        in_use = self.num_blocks - self.engine.num_free_blocks()
+        if in_use > self.peak_in_use:
+            self.peak_in_use = in_use
+
+    def allocate(self, rid: int, req: TraceRequest, tokens: list[int]) -> Allocation:
+        try:
+            return self.engine.allocate(rid, tokens)
+        finally:
+            self._after()
+
+    def append(self, rid: int, start: int, tokens: list[int]) -> AppendResult:
+        try:
+            return self.engine.append(rid, tokens)
+        finally:
+            self._after()
+
+    def fork(self, parent: int, child: int) -> None:
+        self.engine.fork(parent, child)
+        self._after()
+
+    def free(self, rid: int) -> None:
+        self.engine.free(rid)
+        self._after()
+
+    def evictions(self) -> int | None:
+        return num_evictions(self.engine)
+
+
+@dataclass
+class _Run:
+    index: int
+    decoded: int = 0
+    alive: bool = True
+
+
+class ReplayStopped(Exception):
+    """Raised by an executor to end the replay early (the lockstep executor, at a divergence)."""
+
+
+def run_replay(
+    requests: Sequence[TraceRequest],
+    config: ReplayConfig,
+    factory: EngineFactory,
+    *,
+    engine_name: str = "",
+    trace_name: str = "",
+    check_spec: bool = False,
+    progress: ProgressFn | None = None,
+    with_bound: bool = True,
+) -> ReplayResult:
+    """Replay ``requests`` (in the order given) through the engine ``factory`` builds.
+
+    With ``check_spec`` the spec runs in lockstep; the replay stops at the first divergence, which is
+    returned in ``result.divergence`` (with the operation sequence up to it, see
+    :class:`pagedprefix.replay.lockstep.Divergence`).
+    """
+    config.validate()
+    reqs = list(requests)
+    n = len(reqs)
+    bsz = config.block_size
+    unbounded = config.num_blocks is None
+    num_blocks = unbounded_blocks(reqs, config) if config.num_blocks is None else config.num_blocks
+    cache_config = config.cache_config(num_blocks)
+    engine = factory(cache_config)
+    ex: Executor
+    if check_spec:
+        from .lockstep import LockstepExecutor
+
+        ex = LockstepExecutor(engine, cache_config)
+    else:
+        ex = Executor(engine, num_blocks)
+
+    result = ReplayResult(
+        engine=engine_name, trace=trace_name, block_size=bsz, num_blocks=num_blocks, unbounded=unbounded,
+        max_running=config.max_running, decode_chunk=config.decode_chunk, samples=config.samples,
+        requests=n,
+    )
+    samples = config.samples
+    outs = [config.output_length(r) for r in reqs]
+    decode_start: list[int] = []
+    acc = 0
+    for o in outs:
+        decode_start.append(acc)
+        acc += o * samples
+    hits = [-1] * n
+    delayed = [False] * n
+    waits: list[float] = []
+    waiting: deque[int] = deque()
+    running: list[_Run] = []
+    next_arrival = 0
+    clock = 0.0
+    head_tokens: tuple[int, list[int]] | None = None
+    retry_admission = True
+    finished = 0
+    t0 = time.perf_counter()
+
+    def rid(i: int, s: int) -> int:
+        return i * samples + s
+
+    def release(run: _Run) -> None:
+        nonlocal retry_admission
+        for s in reversed(range(samples)):
+            ex.free(rid(run.index, s))
+        run.alive = False
+        running.remove(run)
+        retry_admission = True
+
+    def report() -> None:
+        if progress is not None:
+            progress(finished, n)
+
+    try:
+        while next_arrival < n or waiting or running:
+            # Arrivals.
+            if config.step_ms is None:
+                waiting.extend(range(next_arrival, n))
+                next_arrival = n
+            else:
+                if not waiting and not running and next_arrival < n:
+                    clock = max(clock, float(reqs[next_arrival].timestamp))
+                while next_arrival < n and reqs[next_arrival].timestamp <= clock:
+                    waiting.append(next_arrival)
+                    next_arrival += 1
+            # Admission, FIFO.
+            while waiting and len(running) < config.max_running and retry_admission:
+                i = waiting[0]
+                req = reqs[i]
+                if head_tokens is None or head_tokens[0] != i:
+                    head_tokens = (i, prompt_tokens(req.hash_ids, req.input_length))
+                try:
+                    alloc = ex.allocate(rid(i, 0), req, head_tokens[1])
+                except OutOfBlocks as exc:
+                    if exc.never_fits or not running:
+                        # Cannot fit even with nothing else running: never wait on it.
+                        waiting.popleft()
+                        head_tokens = None
+                        if hits[i] < 0:
+                            result.rejected += 1
+                        else:
+                            result.aborted += 1
+                        finished += 1
+                        report()
+                        continue
+                    delayed[i] = True
+                    retry_admission = False
+                    break
+                waiting.popleft()
+                head_tokens = None
+                if hits[i] < 0:
+                    hits[i] = alloc.num_computed_tokens
+                    result.admitted += 1
+                    if config.step_ms is not None:
+                        waits.append(clock - float(req.timestamp))
+                for s in range(1, samples):
+                    ex.fork(rid(i, 0), rid(i, s))
+                running.append(_Run(i))
+            # One decode step.
+            for run in list(running):
+                if not run.alive:
+                    continue
+                i = run.index
+                count = min(config.decode_chunk, outs[i] - run.decoded)
+                for s in range(samples if count > 0 else 0):
+                    start = decode_start[i] + s * outs[i] + run.decoded
+                    toks = decode_tokens(start, count)
+                    while run.alive:
+                        try:
+                            res = ex.append(rid(i, s), start, toks)
+                        except OutOfBlocks:
+                            victim = running[-1]
+                            if victim is run and len(running) == 1:
+                                release(run)
+                                result.aborted += 1
+                                finished += 1
+                                report()
+                            else:
+                                release(victim)
+                                waiting.appendleft(victim.index)
+                                delayed[victim.index] = True
+                                result.preemptions += 1
+                            continue
+                        result.cow_copies += len(res.copies)
+                        result.decode_tokens += count
+                        break
+                    if not run.alive:
+                        break
+                if not run.alive:
+                    continue
+                run.decoded += count
+                if run.decoded >= outs[i]:
+                    release(run)
+                    result.completed += 1
+                    finished += 1
+                    if finished % 64 == 0 or finished == n:
+                        report()
+            result.steps += 1
+            if config.step_ms is not None:
+                clock += config.step_ms
+    except ReplayStopped:
+        pass
+    finally:
+        result.wall_s = time.perf_counter() - t0
+    from .lockstep import LockstepExecutor  # local: lockstep imports this module
+
+    if isinstance(ex, LockstepExecutor):
+        result.divergence = ex.divergence
+        result.spec_evictions = ex.spec.num_evictions
+    result.hits = hits
+    result.delayed = sum(delayed)
+    result.operations = ex.operations
+    result.peak_blocks_in_use = ex.peak_in_use
+    result.evictions = ex.evictions()
+    for r, h in zip(reqs, hits):
+        result.prompt_tokens += r.input_length
+        result.prompt_blocks += -(-r.input_length // bsz)
+        if h > 0:
+            result.hit_tokens += h
+            result.hit_blocks += h // bsz
+    if waits:
+        result.mean_wait_ms = sum(waits) / len(waits)
+    if with_bound:
+        bound = prefix_hit_bound(reqs, bsz)
+        result.bound_token_hit_rate = bound.token_hit_rate
+        result.bound_block_hit_rate = bound.block_hit_rate
+    report()
+    return result

@@ -1,0 +1,275 @@
+"""Loading and validating request traces in the Mooncake FAST'25 JSONL format.
+
+Each line is one request, a JSON object with (extra fields are ignored):
+
+- ``timestamp``: arrival time in ms, an int or float >= 0, non-decreasing from line to line;
+- ``input_length``: prompt tokens, an int >= 1;
+- ``output_length``: generated tokens, an int >= 0;
+- ``hash_ids``: ints in ``[0, 2**63)``, one per 512-token block of the prompt
+  (``len(hash_ids) == ceil(input_length / 512)``; the last, partial block has an id too).
+
+The ids must form a prefix tree: every id always appears at the same position after the same
+predecessor (``None`` at position 0), so an id stands for its whole prefix. A line breaking any
+rule is *bad*: :func:`load_trace` with ``strict=True`` raises :class:`TraceError` at the first bad
+line; otherwise (lenient, the default) the line is skipped, counted and reported by line number.
+A skipped line never influences the checks of later lines (its ids are not recorded). Blank lines
+are ignored.
+
+Built-in traces ship gzip-compressed in ``data/``: ``conversation`` and ``synthetic``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+TRACE_BLOCK_SIZE = 512
+"""Tokens per ``hash_ids`` entry in the Mooncake format."""
+
+MAX_HASH_ID = 2**63
+
+BUILTIN_TRACES: dict[str, str] = {
+    "conversation": "mooncake_fast25_conversation_trace.jsonl.gz",
+    "synthetic": "mooncake_fast25_synthetic_trace.jsonl.gz",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One valid trace line.
+
+    Attributes:
+        index: position among the valid requests (0-based, file order).
+        line: 1-based line number in the file.
+        timestamp: arrival time in ms.
+        input_length: prompt tokens.
+        output_length: generated tokens.
+        hash_ids: ids of the prompt's 512-token blocks.
+    """
+
+    index: int
+    line: int
+    timestamp: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BadLine:
+    """A rejected line: its 1-based number and why."""
+
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}"
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used: unreadable, or a bad line in strict mode."""
+
+    def __init__(self, source: str, bad: BadLine | None, message: str | None = None) -> None:
+        self.source = source
+        self.bad = bad
+        text = message if message is not None else f"{source}: {bad}"
+        super().__init__(text)
+
+
+@dataclass
+class Trace:
+    """The valid requests of a trace, and the lines that were skipped."""
+
+    source: str
+    requests: list[TraceRequest]
+    bad_lines: list[BadLine] = field(default_factory=list)
+    num_lines: int = 0
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def head(self, limit: int | None) -> Trace:
+        """The first ``limit`` requests (all when ``None``)."""
+        if limit is None or limit >= len(self.requests):
+            return self
+        return Trace(self.source, self.requests[:limit], list(self.bad_lines), self.num_lines)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class _TreeChecker:
+    """Remembers, for every id seen on a valid line, its predecessor and position."""
+
+    def __init__(self) -> None:
+        self.where: dict[int, tuple[int | None, int]] = {}
+
+    def check(self, hash_ids: list[int]) -> str | None:
+        """Why ``hash_ids`` breaks the prefix-tree property, or ``None``. Records nothing."""
+        local: dict[int, tuple[int | None, int]] = {}
+        prev: int | None = None
+        for pos, h in enumerate(hash_ids):
+            want = (prev, pos)
+            seen = self.where.get(h) or local.get(h)
+            if seen is not None and seen != want:
+                was_prev, was_pos = seen
+                return (
+                    f"hash id {h} at position {pos} after {prev!r} was seen before at position "
+                    f"{was_pos} after {was_prev!r} (ids must form a prefix tree)"
+                )
+            local[h] = want
+            prev = h
+        return None
+
+    def record(self, hash_ids: list[int]) -> None:
+        prev: int | None = None
+        for pos, h in enumerate(hash_ids):
+            self.where[h] = (prev, pos)
+            prev = h
+
+
+def _parse(text: str) -> tuple[dict[str, object] | None, str | None]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(obj, dict):
+        return None, f"expected a JSON object, got {type(obj).__name__}"
+    return obj, None
+
+
+def _check_fields(obj: dict[str, object]) -> str | None:
+    """Why the fields of one line are malformed (types and ranges), or ``None``."""
+    for name in ("timestamp", "input_length", "output_length", "hash_ids"):
+        if name not in obj:
+            return f"missing field {name!r}"
+    ts = obj["timestamp"]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+        return f"timestamp must be a finite number >= 0, got {ts!r}"
+    n_in = obj["input_length"]
+    if not _is_int(n_in) or n_in < 1:  # type: ignore[operator]
+        return f"input_length must be an int >= 1, got {n_in!r}"
+    n_out = obj["output_length"]
+    if not _is_int(n_out) or n_out < 0:  # type: ignore[operator]
+        return f"output_length must be an int >= 0, got {n_out!r}"
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list):
+        return f"hash_ids must be a list of ints, got {type(ids).__name__}"
+    for pos, h in enumerate(ids):
+        if not _is_int(h) or not 0 <= h < MAX_HASH_ID:
+            return f"hash_ids[{pos}] must be an int in [0, 2**63), got {h!r}"
+    assert isinstance(n_in, int)
+    want = -(-n_in // TRACE_BLOCK_SIZE)
+    if len(ids) != want:
+        return (
+            f"len(hash_ids) is {len(ids)} but input_length {n_in} needs ceil({n_in}/{TRACE_BLOCK_SIZE})"
+            f" = {want}"
+        )
+    return None
+
+
+def parse_lines(lines: Iterable[str], *, source: str = "<trace>", strict: bool = False,
+                limit: int | None = None) -> Trace:
+    """Validate trace lines (see the module docstring) and return the valid requests.
+
+    Args:
+        lines: the text lines, in file order (line numbers count from 1, blank lines included).
+        source: a name for messages.
+        strict: raise :class:`TraceError` at the first bad line instead of skipping it.
+        limit: stop after this many valid requests.
+    """
+    requests: list[TraceRequest] = []
+    bad: list[BadLine] = []
+    tree = _TreeChecker()
+    last_ts: float | None = None
+    num_lines = 0
+    for number, raw in enumerate(lines, start=1):
+        if limit is not None and len(requests) >= limit:
+            break
+        num_lines = number
+        text = raw.strip()
+        if not text:
+            continue
+        obj, reason = _parse(text)
+        if obj is not None:
+            reason = _check_fields(obj)
+        if obj is not None and reason is None:
+            ts = obj["timestamp"]
+            assert isinstance(ts, (int, float))
+            if last_ts is not None and ts < last_ts:
+                reason = f"timestamp {ts!r} is earlier than the previous request's {last_ts!r}"
+        if obj is not None and reason is None:
+            ids = obj["hash_ids"]
+            assert isinstance(ids, list)
+            reason = tree.check(ids)
+        if reason is not None:
+            entry = BadLine(number, reason)
+            if strict:
+                raise TraceError(source, entry)
+            bad.append(entry)
+            continue
+        assert obj is not None
+        ids = obj["hash_ids"]
+        ts = obj["timestamp"]
+        n_in = obj["input_length"]
+        n_out = obj["output_length"]
+        assert isinstance(ids, list) and isinstance(ts, (int, float))
+        assert isinstance(n_in, int) and isinstance(n_out, int)
+        tree.record(ids)
+        last_ts = ts
+        requests.append(TraceRequest(len(requests), number, ts, n_in, n_out, tuple(ids)))
+    return Trace(source, requests, bad, num_lines)
+
+
+def builtin_path(name: str) -> Path:
+    """Filesystem path of a shipped trace (``conversation`` or ``synthetic``)."""
+    try:
+        file_name = BUILTIN_TRACES[name]
+    except KeyError:
+        raise TraceError(name, None, f"unknown built-in trace {name!r}; choose from "
+                         f"{sorted(BUILTIN_TRACES)} or give a path") from None
+    ref = resources.files("pagedprefix.replay").joinpath("data").joinpath(file_name)
+    return Path(str(ref))
+
+
+def resolve_trace(name_or_path: str | Path) -> Path:
+    """A built-in trace name, or an existing file path (plain JSONL or ``.gz``)."""
+    if isinstance(name_or_path, str) and name_or_path in BUILTIN_TRACES:
+        return builtin_path(name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise TraceError(str(name_or_path), None,
+                         f"no trace file {str(name_or_path)!r} (built-in traces: {sorted(BUILTIN_TRACES)})")
+    return path
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    return io.TextIOWrapper(open(path, "rb"), encoding="utf-8")
+
+
+def _lines(handle: io.TextIOBase) -> Iterator[str]:
+    yield from handle
+
+
+def load_trace(name_or_path: str | Path, *, strict: bool = False, limit: int | None = None) -> Trace:
+    """Load a trace by built-in name (``conversation``, ``synthetic``) or path (``.gz`` detected by
+    content). Raises :class:`TraceError` for a missing or undecodable file, and for the first bad
+    line when ``strict``."""
+    path = resolve_trace(name_or_path)
+    source = str(name_or_path)
+    try:
+        with _open_text(path) as handle:
+            return parse_lines(_lines(handle), source=source, strict=strict, limit=limit)
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise TraceError(source, None, f"{source}: cannot read trace: {exc}") from exc
