@@ -1,4 +1,4 @@
-"""Adapters shipped with the suite: the spec itself and the optimized implementation.
+"""Adapters shipped with the suite: the spec itself, the optimized implementation, the radix engine.
 
 ``pagedprefix.conformance.adapters:spec`` and ``pagedprefix.conformance.adapters:impl`` are
 :data:`~pagedprefix.conformance.protocol.AdapterFactory` values: ``factory(config) -> adapter``.
@@ -131,3 +131,14 @@ def impl(config: CacheConfig) -> PrefixCacheAdapter:
     """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``)."""
     manager = impl_block_manager()
     return SpecShapedAdapter(manager.create(config), spec_capabilities(config))
+
+
+def radix(config: CacheConfig) -> PrefixCacheAdapter:
+    """Factory of the radix-tree engine (``pagedprefix.conformance.adapters:radix``).
+
+    :class:`pagedprefix.impl.radix.RadixCache` speaks the adapter protocol itself and declares its
+    own eviction policy (leaf-first LRU), so it is judged by the ``core`` and ``maximal`` profiles.
+    """
+    from pagedprefix.impl.radix import RadixCache
+
+    return RadixCache.create(config)

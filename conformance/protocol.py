@@ -18,9 +18,10 @@ Engine shapes the protocol is meant to fit:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, RequestId
 
@@ -37,6 +38,34 @@ class UnsupportedConfig(Exception):
 
 class EngineUnavailable(RuntimeError):
     """The engine cannot be loaded at all (not installed, not built yet, bad ``module:factory``)."""
+
+
+def import_factory(name: str, short_names: dict[str, str]) -> Callable[..., Any]:
+    """The callable an engine name denotes: a key of ``short_names`` or ``module:attr`` (``attr``
+    may be dotted, e.g. ``pagedprefix.spec:SpecCache.create``).
+
+    Raises :class:`EngineUnavailable` with the reason; never falls back to another engine.
+    """
+    target = short_names.get(name, name)
+    module_name, sep, attr_path = target.partition(":")
+    if not sep or not module_name or not attr_path:
+        known = ", ".join(sorted(short_names))
+        raise EngineUnavailable(f"engine {name!r}: expected one of {known} or 'module:factory'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EngineUnavailable(f"engine {name!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise EngineUnavailable(
+                f"engine {name!r}: {module_name!r} has no attribute path {attr_path!r}"
+            ) from None
+    if not callable(obj):
+        raise EngineUnavailable(f"engine {name!r}: {target} is not callable")
+    factory: Callable[..., Any] = obj
+    return factory
 
 
 @dataclass(frozen=True)

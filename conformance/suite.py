@@ -11,7 +11,6 @@ Extra check groups (e.g. a replay slice of a real trace) plug in with
 
 from __future__ import annotations
 
-import importlib
 import shlex
 import time
 from collections import Counter
@@ -21,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from .properties import PROPERTIES, profile_rank
-from .protocol import EXTRA_KIND_ORDER, AdapterFactory, Capabilities, EngineUnavailable
+from .protocol import EXTRA_KIND_ORDER, AdapterFactory, Capabilities, EngineUnavailable, import_factory
 from .stateful import PROBE_CONFIG, StatefulReport, run_conformance
 from .vectors import VectorRunReport, run_vectors
 
 ENGINE_SHORT_NAMES: dict[str, str] = {
     "impl": "pagedprefix.conformance.adapters:impl",
     "spec": "pagedprefix.conformance.adapters:spec",
+    "radix": "pagedprefix.conformance.adapters:radix",
 }
 
 
@@ -151,22 +151,7 @@ def load_engine(name: str) -> AdapterFactory:
         if not argv:
             raise EngineUnavailable("jsonl: needs a command, e.g. jsonl:./my-engine --serve")
         return subprocess_factory(argv)
-    target = ENGINE_SHORT_NAMES.get(name, name)
-    module_name, sep, attr_path = target.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise EngineUnavailable(f"engine {name!r}: expected impl, spec, module:factory or jsonl:COMMAND")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EngineUnavailable(f"engine {name!r}: cannot import {module_name}: {exc}") from exc
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise EngineUnavailable(f"engine {name!r}: {module_name} has no {attr_path}") from None
-    if not callable(obj):
-        raise EngineUnavailable(f"engine {name!r}: {target} is not callable")
-    factory: AdapterFactory = obj
+    factory: AdapterFactory = import_factory(name, ENGINE_SHORT_NAMES)
     return factory
 
 

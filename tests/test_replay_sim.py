@@ -224,7 +224,8 @@ def test_engine_names_resolve_to_factories() -> None:
     assert load_factory("spec") == SpecCache.create
     assert load_factory("impl") == BlockManager.create
     assert load_factory("pagedprefix.spec:SpecCache.create") == SpecCache.create
-    for bad, phrase in (("nonsense", "expected 'impl'"), ("no_such_module_xyz:f", "cannot import"),
+    for bad, phrase in (("nonsense", "expected one of impl, radix, spec"),
+                        ("no_such_module_xyz:f", "cannot import"),
                         ("pagedprefix.spec:Nope", "no attribute path"),
                         ("pagedprefix.spec:HASH_ALGOS", "not callable")):
         with pytest.raises(EngineUnavailable, match=phrase):
