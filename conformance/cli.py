@@ -12,7 +12,15 @@ import typer
 
 from .properties import PROFILES
 from .protocol import EngineUnavailable
-from .suite import SuiteOptions, load_engine, probe_capabilities, render_report, run_suite
+from .suite import (
+    EXTRA_CHECK_GROUPS,
+    CheckGroup,
+    SuiteOptions,
+    load_engine,
+    probe_capabilities,
+    render_report,
+    run_suite,
+)
 
 ENGINE_HELP = (
     "impl (default), spec, module:factory (a function config -> adapter), "
@@ -34,8 +42,12 @@ def conform(
         typer.Option("--vectors", help="also run the vector files under DIR (repeatable)"),
     ] = None,
     no_stateful: Annotated[bool, typer.Option("--no-stateful", help="vectors only")] = False,
+    no_trace: Annotated[
+        bool, typer.Option("--no-trace", help="skip the real-trace slice (Mooncake, lockstep with the spec)")
+    ] = False,
 ) -> None:
-    """Check an engine against the spec: test vectors, then the stateful runner."""
+    """Check an engine against the spec: test vectors, the stateful runner, and a slice of real
+    traffic (the first 300 requests of the Mooncake conversation trace) replayed in lockstep."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -77,7 +89,8 @@ def conform(
                 tasks[phase] = bar.add_task(label, total=total)
             bar.update(tasks[phase], completed=done, total=total)  # type: ignore[arg-type]
 
-        report = run_suite(factory, options, engine_name=engine, progress=progress)
+        groups = [] if no_trace else trace_groups()
+        report = run_suite(factory, options, engine_name=engine, progress=progress, extra_groups=groups)
     render_report(report, console)
     if report.stateful is not None:
         for failure in report.stateful.failures():
@@ -87,6 +100,13 @@ def conform(
         json_path.write_text(json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
         console.print(f"report written to {json_path}")
     raise typer.Exit(0 if report.ok else 1)
+
+
+def trace_groups() -> list[tuple[str, CheckGroup]]:
+    """The registered check groups plus the real-trace slice of :mod:`pagedprefix.replay`."""
+    from pagedprefix.replay.conform_group import NAME, trace_slice_rows
+
+    return [*EXTRA_CHECK_GROUPS, (NAME, trace_slice_rows)]
 
 
 def register(app: typer.Typer) -> None:
