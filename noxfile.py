@@ -39,7 +39,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict on the installed, non-editable package (an editable install would hide the
     folder mapping from mypy)."""
     install_package(session, "kernels", "plot", "model")
-    session.install("mypy>=1.10")
+    session.install("mypy>=1.10", "pytest>=8")  # the pytest plugin is part of the package
     config = os.path.join(os.getcwd(), "pyproject.toml")
     # Run outside the checkout so its top-level folders cannot shadow the installed package.
     with session.chdir(session.create_tmp()):

@@ -583,6 +583,11 @@ class RadixCache:
         """References to a physical block from live block tables."""
         return self._ref[block_id]
 
+    def block_hash(self, block_id: int) -> bytes | None:
+        """Always ``None``: the tree compares pages by content and keeps no hash keys (the
+        capability ``keys`` is not declared, so the suite never asks)."""
+        return None
+
     def num_free_blocks(self) -> int:
         """Blocks with ``ref_cnt == 0`` (some still cached and hittable); every one is reusable."""
         return self._num_free
