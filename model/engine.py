@@ -5,7 +5,7 @@
 * a **block manager** with the API of :class:`pagedprefix.spec.SpecCache` (``allocate``, ``append``,
   ``fork``, ``free``): it decides which physical blocks hold each request's tokens, finds the cached
   prefix of a new prompt, and reports the copy-on-write copies a write needs;
-* the **paged KV cache** (:class:`.llama.PagedKV`), the only place K and V are kept;
+* the **paged KV cache** (:class:`pagedprefix.impl.KVCache`), the only place K and V are kept;
 * the **model** (:class:`.llama.Llama`), run over just the tokens that are not in the cache yet.
 
 Admission (:meth:`Engine.add_request`) allocates the prompt and prefills only the tokens after
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 import torch
 from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras, RequestId, SpecCache
 
-from .llama import ForwardBatch, Llama, PagedKV
+from .llama import ForwardBatch, Llama
 
 if TYPE_CHECKING:
     from pagedprefix.kernels import Backend
@@ -198,7 +198,7 @@ class Engine:
             namespace=_namespace(model) if namespace is None else namespace,
         )
         self.manager = factory(config)
-        self.kv: PagedKV = model.new_kv(num_blocks, block_size)
+        self.kv = model.new_kv(num_blocks, block_size, backend=backend)
         self.stats = EngineStats()
         self._live: dict[RequestId, _Live] = {}
         self._admissions = 0
@@ -246,10 +246,8 @@ class Engine:
         self.stats.decode_tokens += len(items)
         self.stats.cow_copies += len(copies)
         if copies and self.execute_copies:
-            # Every copy must land before the forward pass writes into its destination block.
-            from pagedprefix import kernels
-
-            kernels.copy_blocks(self.kv.key_caches, self.kv.value_caches, copies, backend=self.backend)
+            # Executed by the forward pass's first write, before it writes into any destination.
+            self.kv.schedule(copies)
         logits = self._forward(items)
         return {request_id: logits[i] for i, request_id in enumerate(next_tokens)}
 

@@ -4,7 +4,8 @@ One call of :meth:`Llama.forward` runs a batch of requests, each contributing th
 computed yet (a whole prompt suffix at prefill, one token at decode). In every layer it
 
 1. projects the tokens to Q, K and V and rotates Q and K by their positions (RoPE),
-2. writes K and V into the paged cache at the tokens' slots (``kernels.write_kv``),
+2. writes K and V into the paged cache at the tokens' slots (``KVCache.write``, which runs any
+   scheduled copy-on-write copies first, then ``kernels.write_kv``),
 3. attends from the new queries to every cached position of their request through its block table
    (``kernels.paged_attention``: causal, grouped-query), which includes a prefix that another request
    computed and now shares,
@@ -25,45 +26,10 @@ import torch.nn.functional as F
 from .weights import LlamaConfig
 
 if TYPE_CHECKING:
+    from pagedprefix.impl import KVCache
     from pagedprefix.kernels import Backend
 
-__all__ = ["ForwardBatch", "Llama", "PagedKV", "apply_rope", "rope_cos_sin"]
-
-
-@dataclass
-class PagedKV:
-    """The paged KV cache of a model: per layer, K and V ``[num_blocks, block_size, num_kv_heads,
-    head_dim]`` (SEMANTICS.md section 7)."""
-
-    key_caches: list[torch.Tensor]
-    value_caches: list[torch.Tensor]
-
-    @classmethod
-    def zeros(
-        cls,
-        config: LlamaConfig,
-        num_blocks: int,
-        block_size: int,
-        *,
-        num_layers: int | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> PagedKV:
-        """An all-zero cache for ``num_layers`` layers (default: all of the model's)."""
-        layers = config.num_layers if num_layers is None else num_layers
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        return cls(
-            key_caches=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
-            value_caches=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
-        )
-
-    @property
-    def block_size(self) -> int:
-        return int(self.key_caches[0].shape[1])
-
-    @property
-    def num_blocks(self) -> int:
-        return int(self.key_caches[0].shape[0])
+__all__ = ["ForwardBatch", "Llama", "apply_rope", "rope_cos_sin"]
 
 
 @dataclass
@@ -168,18 +134,18 @@ class Llama:
         ]
         self.scale = config.head_dim**-0.5
 
-    def new_kv(self, num_blocks: int, block_size: int) -> PagedKV:
-        """An empty paged cache sized for this model (its layers, dtype and device)."""
-        return PagedKV.zeros(
-            self.config,
-            num_blocks,
-            block_size,
-            num_layers=self.num_layers,
-            dtype=self.dtype,
-            device=self.device,
+    def new_kv(self, num_blocks: int, block_size: int, *, backend: Backend = "auto") -> KVCache:
+        """An empty paged cache (:class:`pagedprefix.impl.KVCache`) sized for this model: its
+        layers, KV heads, head_dim, dtype and device."""
+        from pagedprefix.impl import KVCache
+
+        cfg = self.config
+        return KVCache(
+            self.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+            dtype=self.dtype, device=self.device, backend=backend,
         )
 
-    def forward(self, batch: ForwardBatch, kv: PagedKV, *, backend: Backend = "auto") -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: KVCache, *, backend: Backend = "auto") -> torch.Tensor:
         """Run the new tokens of a batch, writing their K/V into ``kv``; logits ``[R, vocab]`` (float32)
         of the tokens named by ``batch.logits_index``.
 
@@ -199,8 +165,9 @@ class Llama:
             v = F.linear(x, layer.wv).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
+            # The first write of a step runs the step's copy-on-write copies first (KVCache.write).
+            kv.write(index, k, v, batch.slot_mapping)
             key_cache, value_cache = kv.key_caches[index], kv.value_caches[index]
-            kernels.write_kv(k, v, key_cache, value_cache, batch.slot_mapping, backend=backend)
             attn = kernels.paged_attention(
                 q,
                 key_cache,
