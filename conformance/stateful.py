@@ -474,15 +474,21 @@ def make_machine(
         @precondition(lambda self: self.run is not None and self.run.caps.fork and bool(self.run.judge.live))
         @rule(data=st.data())
         def fork(self, data: st.DataObject) -> None:
-            """Fork a live request, then (usually) append to the parent or the child."""
+            """Fork a live request, then (usually) append to the parent or the child.
+
+            Parents whose last block is partial are preferred, and the append follows three times
+            in four: that is the write that needs copy-on-write, the rarest situation to reach.
+            """
+            assert self.run is not None
             live = self.live()
-            parent = _pick(data, live)
+            partial = [r for r in live if len(self.run.judge.live[r].tokens) % self.B]
+            parent = _pick(data, partial or live)
             fresh = [r for r in IDS if r not in live]
             if not fresh:
                 return
             child = _pick(data, fresh)
             self.do({"op": "fork", "parent_id": parent, "child_id": child})
-            if self.run is not None and child in self.run.judge.live and data.draw(_BOOL):
+            if self.run is not None and child in self.run.judge.live and data.draw(st.integers(0, 3)) > 0:
                 writer = child if data.draw(_BOOL) else parent
                 self.do({"op": "append", "request_id": writer, "tokens": _tokens(data, 1, self.B + 1)})
 
