@@ -692,7 +692,7 @@ def run_conformance(
             seeded: Any = seed(seed_value * 1_000_003 + 7919 * len(disabled) + k)(machine)
             try:
                 with _shrink_deadline(shrink_seconds):
-                    run_state_machine_as_test(  # type: ignore[no-untyped-call]
+                    run_state_machine_as_test(  # type: ignore[no-untyped-call,unused-ignore]
                         seeded, settings=Settings(base, max_examples=n)
                     )
             except Violation:
