@@ -6,6 +6,7 @@
 - :mod:`.sim`: the replay model (admission, decode, preemption) and its measurements.
 - :mod:`.lockstep`: ``--check-spec`` (the spec in lockstep) and :func:`check_trace_slice`.
 - :mod:`.report`: CSV, JSON, plots; :mod:`.cli`: the ``pagedprefix replay`` command.
+- :mod:`.compare`: ``pagedprefix compare-engines``, the hash engine against the radix engine.
 
 Hit-rate definition (also in README.md): a request's hit is the ``num_computed_tokens`` of its first
 admission; token hit rate = sum of hits / sum of ``input_length`` (rejected requests count as misses);
@@ -16,6 +17,7 @@ longest run of leading full ``B``-token blocks whose prefix appeared in an earli
 """
 
 from .bound import PrefixBound, prefix_hit_bound
+from .compare import ENGINES, EngineRun, EngineSpec, compare_engines
 from .engines import DEFAULT_ENGINE, EngineFactory, EngineUnavailable, ReplayEngine, load_factory
 from .lockstep import (
     Divergence,
@@ -34,10 +36,13 @@ __all__ = [
     "BUILTIN_TRACES",
     "DECODE_BASE",
     "DEFAULT_ENGINE",
+    "ENGINES",
     "PROMPT_TOKEN_LIMIT",
     "BadLine",
     "Divergence",
     "EngineFactory",
+    "EngineRun",
+    "EngineSpec",
     "EngineUnavailable",
     "PrefixBound",
     "ReplayConfig",
@@ -48,6 +53,7 @@ __all__ = [
     "TraceError",
     "TraceRequest",
     "check_trace_slice",
+    "compare_engines",
     "decode_tokens",
     "load_factory",
     "load_repro",

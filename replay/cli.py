@@ -172,5 +172,8 @@ def replay_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``replay`` command to the project's typer app."""
+    """Add the ``replay`` and ``compare-engines`` commands to the project's typer app."""
+    from .compare import register as register_compare  # local: compare imports this module
+
     app.command("replay", help=replay_command.__doc__)(replay_command)
+    register_compare(app)
