@@ -6,24 +6,20 @@ The generated-input properties (Triton == reference == dense attention) live in
 and the caller's value is restored once the kernels are loaded; a module-scoped fixture sets it again
 for these tests (individual tests change it with ``monkeypatch``).
 """
-# ruff: noqa: E402  (the environment variable must be set before the imports)
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
-
-_ENV = "TRITON_INTERPRET"
-_PREVIOUS = os.environ.get(_ENV)
-os.environ[_ENV] = "1"
 
 import pagedprefix.kernels as kernels
 import pytest
 import torch
+import triton_interpreter
 from pagedprefix.kernels import _docs, dispatch, reference
 from pagedprefix.kernels.errors import (
     BackendUnavailableError,
@@ -41,40 +37,16 @@ from pagedprefix.kernels.plan import (
     plan_write_kv,
 )
 from pagedprefix.kernels.workloads import PagedBatch, build_paged_batch, make_layout
+from triton_interpreter import interpreter_env  # noqa: F401  (autouse fixture)
 
-
-def _load_interpreted_kernels() -> tuple[ModuleType | None, str]:
-    try:
-        from pagedprefix.kernels import triton_kernels
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        return None, f"triton is not importable: {exc}"
-    if triton_kernels.kernel_mode() != "interpreter":
-        return None, (
-            "the Triton kernels were already defined in compiled mode (pagedprefix.kernels.triton_kernels "
-            "was imported before TRITON_INTERPRET=1 was set); run the kernel tests in their own process, "
-            "e.g. `nox -s kernels` or `TRITON_INTERPRET=1 pytest -m kernels`"
-        )
-    return triton_kernels, ""
-
-
-tk, _SKIP_REASON = _load_interpreted_kernels()
-if _PREVIOUS is None:
-    os.environ.pop(_ENV, None)
-else:
-    os.environ[_ENV] = _PREVIOUS
+_ENV = triton_interpreter.ENV
+tk, _SKIP_REASON = triton_interpreter.load()
 
 pytestmark = pytest.mark.kernels
 needs_triton = pytest.mark.skipif(tk is None, reason=_SKIP_REASON)
 
 # Every error test runs against both implementations: both must check before launching anything.
 BACKENDS = ["reference", pytest.param("triton", marks=needs_triton)]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_env() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(_ENV, "1")
-        yield
 
 
 # --------------------------------------------------------------------------------------------------

@@ -21,23 +21,17 @@ Triton kernels in Triton's CPU interpreter (``@pytest.mark.kernels``). As in
 caller's value is restored once the kernels are loaded; a module-scoped fixture sets it again for the
 Triton tests only.
 """
-# ruff: noqa: E402  (the environment variable must be set before the imports)
 
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
-
-_ENV = "TRITON_INTERPRET"
-_PREVIOUS = os.environ.get(_ENV)
-os.environ[_ENV] = "1"
 
 import pytest
 import torch
+import triton_interpreter
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from pagedprefix.impl import BlockManager, BlockTables, KVCache
@@ -45,26 +39,8 @@ from pagedprefix.kernels import dense_causal_attention, gather_kv, paged_attenti
 from pagedprefix.kernels.dispatch import ResolvedBackend
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, OutOfBlocks
 
-
-def _load_interpreted_kernels() -> tuple[ModuleType | None, str]:
-    try:
-        from pagedprefix.kernels import triton_kernels
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        return None, f"triton is not importable: {exc}"
-    if triton_kernels.kernel_mode() != "interpreter":
-        return None, (
-            "the Triton kernels were already defined in compiled mode (pagedprefix.kernels.triton_kernels "
-            "was imported before TRITON_INTERPRET=1 was set); run the kernel tests in their own process, "
-            "e.g. `nox -s kernels` or `TRITON_INTERPRET=1 pytest -m kernels`"
-        )
-    return triton_kernels, ""
-
-
-tk, _SKIP_REASON = _load_interpreted_kernels()
-if _PREVIOUS is None:
-    os.environ.pop(_ENV, None)
-else:
-    os.environ[_ENV] = _PREVIOUS
+_ENV = triton_interpreter.ENV
+tk, _SKIP_REASON = triton_interpreter.load()
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,48 +10,24 @@ work (grid size x loop trip counts, see ``pagedprefix.kernels.plan``) is at most
 kernels are defined). The caller's value is restored right after the kernels are loaded, so other test
 modules see the environment unchanged; a module-scoped fixture sets it again for these tests only.
 """
-# ruff: noqa: E402  (the environment variable must be set before the imports)
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
-
-_ENV = "TRITON_INTERPRET"
-_PREVIOUS = os.environ.get(_ENV)
-os.environ[_ENV] = "1"
 
 import pytest
 import torch
+import triton_interpreter
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pagedprefix.kernels import dispatch
 from pagedprefix.kernels.dispatch import Backend
 from pagedprefix.kernels.plan import cdiv, plan_copy_blocks, plan_write_kv
 from pagedprefix.kernels.workloads import PagedBatch, build_paged_batch
+from triton_interpreter import interpreter_env  # noqa: F401  (autouse fixture)
 
-
-def _load_interpreted_kernels() -> tuple[ModuleType | None, str]:
-    try:
-        from pagedprefix.kernels import triton_kernels
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        return None, f"triton is not importable: {exc}"
-    if triton_kernels.kernel_mode() != "interpreter":
-        return None, (
-            "the Triton kernels were already defined in compiled mode (pagedprefix.kernels.triton_kernels "
-            "was imported before TRITON_INTERPRET=1 was set); run the kernel tests in their own process, "
-            "e.g. `nox -s kernels` or `TRITON_INTERPRET=1 pytest -m kernels`"
-        )
-    return triton_kernels, ""
-
-
-tk, _SKIP_REASON = _load_interpreted_kernels()
-if _PREVIOUS is None:
-    os.environ.pop(_ENV, None)
-else:
-    os.environ[_ENV] = _PREVIOUS
+tk, _SKIP_REASON = triton_interpreter.load()
 
 pytestmark = [pytest.mark.kernels, pytest.mark.skipif(tk is None, reason=_SKIP_REASON)]
 
@@ -60,13 +36,6 @@ WORK_BUDGET = 2000
 MAX_EXAMPLES = 15
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BACKENDS: tuple[Backend, ...] = ("triton", "reference")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_env() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(_ENV, "1")
-        yield
 
 
 # --------------------------------------------------------------------------------------------------
