@@ -46,6 +46,7 @@ from pagedprefix.spec import (
     UnknownRequest,
     block_extra_fields,
     blocks_needed,
+    check_block_id,
     check_config,
     check_extras,
     check_request_id,
@@ -693,12 +694,12 @@ class BlockManager:
         return len(self._live(request_id).tokens)
 
     def ref_cnt(self, block_id: int) -> int:
-        """References to a physical block from live block tables."""
-        return self._ref[block_id]
+        """References to a physical block from live block tables. Raises :class:`InvalidBlockId`."""
+        return self._ref[check_block_id(block_id, self._num_blocks)]
 
     def block_hash(self, block_id: int) -> bytes | None:
-        """The key of a physical block, or None."""
-        return self._hash[block_id]
+        """The key of a physical block, or None. Raises :class:`InvalidBlockId`."""
+        return self._hash[check_block_id(block_id, self._num_blocks)]
 
     def num_free_blocks(self) -> int:
         """Blocks with ``ref_cnt == 0`` (some may still be cached and hittable). O(1)."""

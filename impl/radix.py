@@ -93,6 +93,7 @@ from pagedprefix.spec import (
     block_extra_fields,
     blocks_needed,
     capacity,
+    check_block_id,
     check_config,
     check_extras,
     check_request_id,
@@ -580,12 +581,13 @@ class RadixCache:
         return len(self._check_live_id(request_id).tokens)
 
     def ref_cnt(self, block_id: int) -> int:
-        """References to a physical block from live block tables."""
-        return self._ref[block_id]
+        """References to a physical block from live block tables. Raises :class:`InvalidBlockId`."""
+        return self._ref[check_block_id(block_id, self.config.num_blocks)]
 
     def block_hash(self, block_id: int) -> bytes | None:
         """Always ``None``: the tree compares pages by content and keeps no hash keys (the
-        capability ``keys`` is not declared, so the suite never asks)."""
+        capability ``keys`` is not declared, so the suite never asks). Raises :class:`InvalidBlockId`."""
+        check_block_id(block_id, self.config.num_blocks)
         return None
 
     def num_free_blocks(self) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .arith import blocks_needed, capacity, max_hit_blocks
 from .errors import (
     DuplicateRequest,
+    InvalidBlockId,
     InvalidConfig,
     InvalidRequestId,
     InvalidTokens,
@@ -102,6 +103,14 @@ def check_request_id(request_id: object) -> RequestId:
     if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
         return request_id
     raise InvalidRequestId(f"request id must be a str or an int, got {type(request_id).__name__}")
+
+
+def check_block_id(block_id: object, num_blocks: int) -> int:
+    """``block_id`` itself; :class:`InvalidBlockId` unless it is an int in ``[0, num_blocks)``
+    (negative ids are not Python-style indexes from the end)."""
+    if isinstance(block_id, int) and not isinstance(block_id, bool) and 0 <= block_id < num_blocks:
+        return block_id
+    raise InvalidBlockId(f"block id {block_id!r} is not an int in [0, {num_blocks})")
 
 
 def check_tokens(tokens: object) -> list[int]:
@@ -451,12 +460,12 @@ class SpecCache:
         return len(self._check_live_id(request_id).tokens)
 
     def ref_cnt(self, block_id: int) -> int:
-        """References to a physical block from live block tables."""
-        return self.blocks[block_id].ref_cnt
+        """References to a physical block from live block tables. Raises :class:`InvalidBlockId`."""
+        return self.blocks[check_block_id(block_id, self.config.num_blocks)].ref_cnt
 
     def block_hash(self, block_id: int) -> bytes | None:
-        """The key of a physical block, or None."""
-        return self.blocks[block_id].block_hash
+        """The key of a physical block, or None. Raises :class:`InvalidBlockId`."""
+        return self.blocks[check_block_id(block_id, self.config.num_blocks)].block_hash
 
     def num_free_blocks(self) -> int:
         """Blocks with ``ref_cnt == 0`` (some may still be cached and hittable)."""

@@ -36,6 +36,10 @@ class InvalidExtras(PrefixCacheError, ValueError):
     """Malformed extra keys: LoRA, cache_salt, multimodal items or prompt embeddings."""
 
 
+class InvalidBlockId(PrefixCacheError, IndexError):
+    """An observation asked about a physical block id that is not an int in ``[0, num_blocks)``."""
+
+
 class OutOfBlocks(PrefixCacheError, RuntimeError):
     """Not enough free capacity for the operation right now.
 
@@ -65,6 +69,7 @@ class OutOfBlocks(PrefixCacheError, RuntimeError):
 
 __all__ = [
     "DuplicateRequest",
+    "InvalidBlockId",
     "InvalidConfig",
     "InvalidExtras",
     "InvalidRequestId",

@@ -425,3 +425,17 @@ def test_kv_cache_layout() -> None:
     assert all(t.shape == (5, 4, 2, 8) and t.dtype == torch.float16 for t in kv.key_caches)
     with pytest.raises(ValueError):
         KVCache(num_layers=0, num_blocks=5, block_size=4, num_kv_heads=2, head_dim=8)
+
+
+@pytest.mark.parametrize("block_id", [-1, 4, True])
+def test_engines_reject_bad_block_ids_like_the_spec(block_id: object) -> None:
+    from pagedprefix.impl.radix import RadixCache
+    from pagedprefix.spec import InvalidBlockId
+
+    for engine in (BlockManager.create(CacheConfig(block_size=2, num_blocks=4)),
+                   RadixCache.create(CacheConfig(block_size=2, num_blocks=4))):
+        with pytest.raises(InvalidBlockId):
+            engine.ref_cnt(block_id)  # type: ignore[arg-type]
+        with pytest.raises(InvalidBlockId):
+            engine.block_hash(block_id)  # type: ignore[arg-type]
+        assert engine.ref_cnt(3) == 0

@@ -11,6 +11,7 @@ from pagedprefix.spec import (
     CacheConfig,
     DuplicateRequest,
     Extras,
+    InvalidBlockId,
     InvalidConfig,
     InvalidExtras,
     InvalidRequestId,
@@ -134,3 +135,15 @@ def test_request_id_reusable_after_free() -> None:
     cache = busy_cache()
     cache.free("b")
     assert cache.allocate("b", [0, 1, 2, 3, 4]).num_computed_tokens == 4
+
+
+@pytest.mark.parametrize("block_id", [-1, 8, True, 1.0, "0"])
+def test_observing_a_bad_block_id(block_id: object) -> None:
+    """Observations reject ids outside [0, N) instead of indexing from the end of a list."""
+    cache = busy_cache()
+    before = cache.snapshot()
+    with pytest.raises(InvalidBlockId):
+        cache.ref_cnt(block_id)  # type: ignore[arg-type]
+    with pytest.raises(InvalidBlockId):
+        cache.block_hash(block_id)  # type: ignore[arg-type]
+    assert cache.snapshot() == before
