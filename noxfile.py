@@ -29,9 +29,16 @@ def install_package(session: nox.Session, *extras: str) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the package, tests and tooling."""
+    """ruff over the package, tests and tooling; the import contracts of pyproject.toml
+    (folders import downward only, no cycles) over the installed package."""
     session.install("ruff>=0.5")
     session.run("ruff", "check", ".")
+    install_package(session)
+    session.install("import-linter>=2.1")
+    config = os.path.join(os.getcwd(), "pyproject.toml")
+    # Run outside the checkout so its top-level folders cannot shadow the installed package.
+    with session.chdir(session.create_tmp()):
+        session.run("lint-imports", "--config", config, "--no-cache")
 
 
 @nox.session

@@ -21,7 +21,7 @@ from pagedprefix.spec import (
 from pagedprefix.spec.keys import HASH_FUNCTIONS, chain_keys, root_key
 
 from .codec import Json, config_to_json
-from .vectors import CaseBuilder, make_case
+from .vector_format import CaseBuilder, make_case
 
 Case = dict[str, Json]
 POLICIES: tuple[tuple[str, bool], ...] = (

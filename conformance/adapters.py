@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId, SpecCache
 
-from .protocol import Capabilities, EngineUnavailable, PrefixCacheAdapter
+from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter
 
 
 class SpecShaped(Protocol):
@@ -39,6 +39,8 @@ def spec_capabilities(config: CacheConfig) -> Capabilities:
         free_order=config.free_order,
         dedup_on_full=config.dedup_on_full,
         exact_ids=True,
+        weak_hash=True,
+        verify_tokens=True,
     )
 
 
@@ -133,12 +135,31 @@ def impl(config: CacheConfig) -> PrefixCacheAdapter:
     return SpecShapedAdapter(manager.create(config), spec_capabilities(config))
 
 
+RADIX_CAPABILITIES = Capabilities(
+    fork=True,
+    ref_cnt=True,
+    free_queue=True,
+    keys=False,
+    reset=True,
+    input_errors=True,
+    extras=ALL_EXTRA_KINDS,
+    free_order="other",
+    dedup_on_full=None,
+    exact_ids=False,
+    publish="allocation",
+    lookup_is_pure=True,
+)
+"""What the radix engine declares: every extra-key kind, its own eviction order (leaf-first LRU),
+duplicates kept privately, keys published at allocation, a pure ``lookup``."""
+
+
 def radix(config: CacheConfig) -> PrefixCacheAdapter:
     """Factory of the radix-tree engine (``pagedprefix.conformance.adapters:radix``).
 
-    :class:`pagedprefix.impl.radix.RadixCache` speaks the adapter protocol itself and declares its
-    own eviction policy (leaf-first LRU), so it is judged by the ``core`` and ``maximal`` profiles.
+    :class:`pagedprefix.impl.radix.RadixCache` has the spec's API and its own eviction policy
+    (leaf-first LRU), declared in :data:`RADIX_CAPABILITIES`, so it is judged by the ``core`` and
+    ``maximal`` profiles.
     """
     from pagedprefix.impl.radix import RadixCache
 
-    return RadixCache.create(config)
+    return SpecShapedAdapter(RadixCache.create(config), RADIX_CAPABILITIES)

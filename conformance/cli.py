@@ -5,6 +5,7 @@ passed or was skipped by capability, 1 on any failure, 2 when the engine cannot 
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -89,7 +90,7 @@ def conform(
                 tasks[phase] = bar.add_task(label, total=total)
             bar.update(tasks[phase], completed=done, total=total)  # type: ignore[arg-type]
 
-        groups = [] if no_trace else trace_groups()
+        groups = list(EXTRA_CHECK_GROUPS) if no_trace else [*EXTRA_CHECK_GROUPS, *_trace_groups()]
         report = run_suite(factory, options, engine_name=engine, progress=progress, extra_groups=groups)
     render_report(report, console)
     if report.stateful is not None:
@@ -102,13 +103,18 @@ def conform(
     raise typer.Exit(0 if report.ok else 1)
 
 
-def trace_groups() -> list[tuple[str, CheckGroup]]:
-    """The registered check groups plus the real-trace slice of :mod:`pagedprefix.replay`."""
-    from pagedprefix.replay.conform_group import NAME, trace_slice_rows
-
-    return [*EXTRA_CHECK_GROUPS, (NAME, trace_slice_rows)]
+# The real-trace slice lives in ``pagedprefix.replay``, a layer above this package: the app that
+# composes both (``pagedprefix.cli``) hands it in through :func:`register`.
+_TRACE_GROUP_PROVIDERS: list[Callable[[], tuple[str, CheckGroup]]] = []
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``conform`` command to the project's typer app."""
+def _trace_groups() -> list[tuple[str, CheckGroup]]:
+    return [provide() for provide in _TRACE_GROUP_PROVIDERS]
+
+
+def register(app: typer.Typer, trace_group: Callable[[], tuple[str, CheckGroup]] | None = None) -> None:
+    """Add the ``conform`` command to the project's typer app. ``trace_group`` returns the
+    real-trace check group (name, rows function) that ``--no-trace`` turns off."""
+    if trace_group is not None and trace_group not in _TRACE_GROUP_PROVIDERS:
+        _TRACE_GROUP_PROVIDERS.append(trace_group)
     app.command("conform")(conform)

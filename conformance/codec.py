@@ -61,18 +61,18 @@ def make_error(kind: str, message: str, fields: Mapping[str, Json] | None = None
     errors as data, e.g. over JSON lines). An unknown kind gives a plain ``RuntimeError``."""
     if kind == "OutOfBlocks":
         f = dict(fields or {})
-        err: Any = OutOfBlocks.__new__(OutOfBlocks)
-        Exception.__init__(err, message)
-        err.needed = int(f.get("needed", -1))
-        err.available = int(f.get("available", -1))
-        err.never_fits = bool(f.get("never_fits", False))
-        out: Exception = err
-        return out
+        err = OutOfBlocks(_opt_int(f.get("needed")), _opt_int(f.get("available")), message=message)
+        err.never_fits = f.get("never_fits") is True
+        return err
     cls = _ERROR_BY_NAME.get(kind)
     if cls is None:
         return RuntimeError(f"{kind}: {message}")
     made: Exception = cls(message)
     return made
+
+
+def _opt_int(value: Json) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def config_to_json(config: CacheConfig) -> dict[str, Json]:

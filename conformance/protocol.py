@@ -68,9 +68,15 @@ def import_factory(name: str, short_names: dict[str, str]) -> Callable[..., Any]
     return factory
 
 
+PUBLISH_CLAIMS: tuple[str, ...] = ("allocation", "step")
+PUBLISH_DECODE_CLAIMS: tuple[str, ...] = ("append", "free")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine declares about itself (per adapter instance: it may depend on the config).
+
+    Undeclared means "never sent, never asked": the suite skips what needs it and says so.
 
     Attributes:
         fork: supports ``fork`` (parallel sampling), and so copy-on-write of a shared partial block.
@@ -79,17 +85,34 @@ class Capabilities:
         keys: reproduces the spec's byte-exact block keys and reports them (``block_hash``).
         reset: supports ``reset_prefix_cache``.
         input_errors: raises the spec's typed errors for invalid input (bad ids, tokens, extras,
-            duplicate or unknown requests). ``OutOfBlocks`` is required of every engine.
+            duplicate or unknown requests) and ``InvalidConfig`` from the factory for a config
+            the spec rejects. ``OutOfBlocks`` is required of every engine.
         extras: extra-key kinds it supports; requests using others are never sent to it.
         free_order: the spec policy it follows (``"unhashed_to_head"``, ``"append_all"``) or
             ``"other"`` (its own eviction order, e.g. a radix tree with leaf-first LRU).
         dedup_on_full: the spec policy it follows (``False``: duplicates kept, ``True``: swapped for
             the cached block), or ``None`` for "other".
         exact_ids: it promises the spec's physical block ids (profile ``exact``).
-        publish: ``"allocation"`` when keys are published at admission (vLLM) or ``"step"`` when
-            they appear only after compute, i.e. at the next ``step()`` call (nano-vllm, SGLang).
-        lookup_is_pure: ``lookup`` changes nothing observable (a tree engine may split nodes or
-            refresh LRU stamps; only profiles comparing eviction order care).
+        publish: when the keys of a prompt's full blocks become visible to other requests:
+            ``"allocation"`` (at admission, vLLM) or ``"step"`` (at the next ``step()``, after
+            compute: nano-vllm, SGLang). The suite calls ``step()`` after every operation.
+        publish_decode: when blocks filled by ``append`` become visible: ``"append"`` (as they
+            fill, vLLM) or ``"free"`` (only when the request finishes, SGLang). Profile
+            ``maximal`` then expects no hit on them while their request is live.
+        lookup: has a ``lookup``; ``False`` means no side-effect-free way to ask (the suite then
+            never calls it and learns hits from admissions only).
+        lookup_is_pure: ``lookup`` changes nothing observable. An impure one (a tree that splits
+            nodes or refreshes LRU stamps) is called only at profiles that do not compare
+            eviction order (``core``, ``maximal``).
+        block_sizes: the block sizes it supports, smallest first (``None``: any ``>= 1``); the
+            suite generates only these, and the factory raises ``UnsupportedConfig`` for others.
+        min_blocks, max_blocks: the pool sizes it supports (``max_blocks=None``: no upper limit).
+        weak_hash: honours ``hash_algo="weak8"`` with a deliberately collision-prone hash of its
+            own (collisions then happen), for tests of ``verify_tokens``.
+        verify_tokens: honours ``verify_tokens=True``: a key hit whose content differs is a miss.
+        spells_extras: the adapter has ``spell_extras(extras) -> {kind: str}``, the strings its
+            engine keys extra keys by (e.g. a LoRA's id string); the suite builds salts equal to
+            them and to their concatenations, to find untyped aliasing.
     """
 
     fork: bool = True
@@ -103,7 +126,15 @@ class Capabilities:
     dedup_on_full: bool | None = False
     exact_ids: bool = False
     publish: Literal["allocation", "step"] = "allocation"
+    publish_decode: Literal["append", "free"] = "append"
+    lookup: bool = True
     lookup_is_pure: bool = True
+    block_sizes: tuple[int, ...] | None = None
+    min_blocks: int = 1
+    max_blocks: int | None = None
+    weak_hash: bool = False
+    verify_tokens: bool = False
+    spells_extras: bool = False
 
     def claims_policy_of(self, config: CacheConfig) -> bool:
         """Whether the engine follows exactly the spec policy ``config`` names."""
@@ -112,6 +143,12 @@ class Capabilities:
     def claims_a_spec_policy(self) -> bool:
         """Whether both policy claims name spec policies (not "other")."""
         return self.free_order in ("unhashed_to_head", "append_all") and self.dedup_on_full is not None
+
+    def supports_geometry(self, block_size: int, num_blocks: int) -> bool:
+        """Whether ``block_size`` and ``num_blocks`` are among the declared supported ones."""
+        if self.block_sizes is not None and block_size not in self.block_sizes:
+            return False
+        return self.min_blocks <= num_blocks and (self.max_blocks is None or num_blocks <= self.max_blocks)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict (the form of the JSON-lines protocol's ``create`` reply)."""
@@ -127,42 +164,82 @@ class Capabilities:
             "dedup_on_full": self.dedup_on_full,
             "exact_ids": self.exact_ids,
             "publish": self.publish,
+            "publish_decode": self.publish_decode,
+            "lookup": self.lookup,
             "lookup_is_pure": self.lookup_is_pure,
+            "block_sizes": None if self.block_sizes is None else list(self.block_sizes),
+            "min_blocks": self.min_blocks,
+            "max_blocks": self.max_blocks,
+            "weak_hash": self.weak_hash,
+            "verify_tokens": self.verify_tokens,
+            "spells_extras": self.spells_extras,
         }
 
     @classmethod
     def from_json(cls, obj: Mapping[str, object]) -> Capabilities:
         """The inverse of :meth:`to_json`; missing fields take their defaults, unknown ones are
-        rejected (a typo must not silently claim nothing)."""
+        rejected (a typo must not silently claim nothing). Raises ``ValueError``."""
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"capabilities must be an object, got {type(obj).__name__}")
         known = set(cls().to_json())
         unknown = set(obj) - known
         if unknown:
             raise ValueError(f"unknown capability fields: {sorted(unknown)}")
-        caps = cls()
         kwargs: dict[str, object] = {}
         for name in known & set(obj):
-            value = obj[name]
-            if name == "extras":
-                if not isinstance(value, list) or not all(v in ALL_EXTRA_KINDS for v in value):
-                    raise ValueError(f"extras must be a list of {sorted(ALL_EXTRA_KINDS)}")
-                kwargs[name] = frozenset(value)
-            elif name == "free_order":
-                if value not in FREE_ORDER_CLAIMS:
-                    raise ValueError(f"free_order must be one of {FREE_ORDER_CLAIMS}")
-                kwargs[name] = value
-            elif name == "dedup_on_full":
-                if value is not None and not isinstance(value, bool):
-                    raise ValueError("dedup_on_full must be true, false or null")
-                kwargs[name] = value
-            elif name == "publish":
-                if value not in ("allocation", "step"):
-                    raise ValueError("publish must be 'allocation' or 'step'")
-                kwargs[name] = value
-            else:
-                if not isinstance(value, bool):
-                    raise ValueError(f"{name} must be a bool")
-                kwargs[name] = value
-        return replace(caps, **kwargs)  # type: ignore[arg-type]
+            kwargs[name] = _capability_field(name, obj[name])
+        caps = replace(cls(), **kwargs)  # type: ignore[arg-type]
+        caps.check()
+        return caps
+
+    def check(self) -> None:
+        """Raise ``ValueError`` unless the declaration is coherent (sizes >= 1, sorted)."""
+        if self.block_sizes is not None and (
+            not self.block_sizes or list(self.block_sizes) != sorted(set(self.block_sizes))
+        ):
+            raise ValueError("block_sizes must be a non-empty, strictly increasing list (or null)")
+        if self.max_blocks is not None and self.max_blocks < self.min_blocks:
+            raise ValueError("max_blocks must be >= min_blocks")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _capability_field(name: str, value: object) -> object:
+    """One capability field from JSON, type-checked (``ValueError`` otherwise)."""
+    if name == "extras":
+        if not isinstance(value, list) or not all(v in ALL_EXTRA_KINDS for v in value):
+            raise ValueError(f"extras must be a list of {sorted(ALL_EXTRA_KINDS)}")
+        return frozenset(value)
+    choices = {
+        "free_order": FREE_ORDER_CLAIMS,
+        "publish": PUBLISH_CLAIMS,
+        "publish_decode": PUBLISH_DECODE_CLAIMS,
+    }
+    if name in choices:
+        if value not in choices[name]:
+            raise ValueError(f"{name} must be one of {choices[name]}")
+        return value
+    if name == "dedup_on_full":
+        if value is not None and not isinstance(value, bool):
+            raise ValueError("dedup_on_full must be true, false or null")
+        return value
+    if name == "block_sizes":
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(_is_int(v) and v >= 1 for v in value):
+            raise ValueError("block_sizes must be null or a list of ints >= 1")
+        return tuple(value)
+    if name in ("min_blocks", "max_blocks"):
+        if name == "max_blocks" and value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1")
+        return value
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool")
+    return value
 
 
 @runtime_checkable
@@ -172,7 +249,8 @@ class PrefixCacheAdapter(Protocol):
     Every operation is all-or-nothing and raises the spec's typed errors
     (:mod:`pagedprefix.spec.errors`). Observations needing an undeclared capability
     (``ref_cnt``, ``free_blocks``, ``block_hash``) may raise :class:`NotImplementedError`; they are
-    never called then. An adapter may also define ``close()``; the suite calls it when done.
+    never called then. An adapter may also define ``close()``; the suite calls it when done, and
+    ``spell_extras(extras) -> dict[str, str]`` when it declares ``spells_extras``.
     """
 
     capabilities: Capabilities
@@ -222,7 +300,9 @@ class PrefixCacheAdapter(Protocol):
         ...
 
     def step(self) -> None:
-        """Boundary after each operation: an engine that publishes keys after compute does so now."""
+        """Boundary after each operation: an engine that publishes keys after compute does so now
+        (and may then rewrite a live request's table, swapping its own duplicate block for the
+        cached block with the same content, SEMANTICS.md section 6)."""
         ...
 
 
@@ -251,6 +331,9 @@ class AdapterBase:
 
     def reset_prefix_cache(self) -> bool:
         raise NotImplementedError("reset not declared")
+
+    def spell_extras(self, extras: Extras) -> dict[str, str]:
+        raise NotImplementedError("extra-key spelling not declared")
 
 
 def close_adapter(adapter: object) -> None:

@@ -50,7 +50,7 @@ from .judge import Lost
 from .model import EngineRun, SpecModel
 from .properties import PROPERTIES, Violation, at_least, profile_rank
 from .protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
-from .vectors import SCHEMA_VERSION, dumps, make_case, spec_version
+from .vector_format import SCHEMA_VERSION, dumps, make_case, spec_version
 
 POLICIES: tuple[tuple[str, bool], ...] = (
     ("unhashed_to_head", False),

@@ -21,7 +21,7 @@ tenants for the whole path, just as chaining carries it in hashed keys. Content 
 exactly, so there are no hash collisions; ``hash_algo``, ``hash_seed`` and ``verify_tokens`` of the
 config have nothing to do here (a cache instance is one ``namespace``). The policy fields
 ``free_order`` and ``dedup_on_full`` are validated but not followed: this engine always uses its
-own policy, declared in :data:`RADIX_CAPABILITIES`.
+own policy (its conformance adapter, ``pagedprefix.conformance.adapters:radix``, declares it).
 
 Each page owns its physical block (the *primary* copy). A child is found by the key of its first
 page; a node is split at a page boundary when a request matches only part of its edge.
@@ -78,7 +78,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagedprefix.conformance.protocol import ALL_EXTRA_KINDS, Capabilities
 from pagedprefix.spec import (
     NO_EXTRAS,
     Allocation,
@@ -105,22 +104,6 @@ from pagedprefix.spec.cache import request_sort_key
 PageKey = tuple[tuple[int, ...], tuple[ExtraField, ...]]
 """A page: the ``B`` token ids of one full block and that block's typed extra fields."""
 
-RADIX_CAPABILITIES = Capabilities(
-    fork=True,
-    ref_cnt=True,
-    free_queue=True,
-    keys=False,
-    reset=True,
-    input_errors=True,
-    extras=ALL_EXTRA_KINDS,
-    free_order="other",
-    dedup_on_full=None,
-    exact_ids=False,
-    publish="allocation",
-    lookup_is_pure=True,
-)
-"""What :class:`RadixCache` declares: every extra-key kind, its own eviction order (leaf-first
-LRU), duplicates kept privately, keys published at allocation, a pure ``lookup``."""
 
 
 class _Page:
@@ -194,8 +177,6 @@ class RadixSummary:
 class RadixCache:
     """A radix-tree prefix cache with :class:`~pagedprefix.spec.SpecCache`'s API. Build it with
     ``RadixCache.create(config)``. See the module docstring for the design."""
-
-    capabilities: Capabilities = RADIX_CAPABILITIES
 
     def __init__(self, config: CacheConfig) -> None:
         check_config(config)
@@ -566,9 +547,6 @@ class RadixCache:
         self._num_nodes = 0
         self._root = _Node(None, next(self._uids), 0)
         return True
-
-    def step(self) -> None:
-        """The adapter protocol's step boundary: nothing to do (pages are published at allocation)."""
 
     # ----- observations -----------------------------------------------------------------------
 

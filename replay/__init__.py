@@ -18,9 +18,9 @@ longest run of leading full ``B``-token blocks whose prefix appeared in an earli
 
 from .bound import PrefixBound, prefix_hit_bound
 from .compare import ENGINES, EngineRun, EngineSpec, compare_engines
+from .divergence import Divergence
 from .engines import DEFAULT_ENGINE, EngineFactory, EngineUnavailable, ReplayEngine, load_factory
 from .lockstep import (
-    Divergence,
     SliceResult,
     check_trace_slice,
     load_repro,

@@ -12,60 +12,23 @@ Examples::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .cli_common import _progress, parse_capacities
+from .compare import register as register_compare
+from .divergence import Divergence
 from .engines import DEFAULT_ENGINE, EngineUnavailable, load_factory
-from .lockstep import Divergence
+from .lockstep import LockstepExecutor
 from .report import monotonicity_violations, results_table, write_csv, write_json, write_plot
-from .sim import ProgressFn, ReplayConfig, ReplayResult, run_replay
+from .sim import Executor, ReplayConfig, ReplayResult, run_replay
 from .trace import BUILTIN_TRACES, TraceError, load_trace
 
 PROGRESS_MIN_REQUESTS = 500
 MAX_BAD_LINES_SHOWN = 10
-
-
-def parse_capacities(text: str) -> list[int | None]:
-    """``"1000,4000,unbounded"`` -> ``[1000, 4000, None]`` (``unbounded``/``inf``: never evict)."""
-    out: list[int | None] = []
-    for part in text.split(","):
-        item = part.strip().lower().replace("_", "")
-        if not item:
-            continue
-        if item in ("unbounded", "inf", "none"):
-            out.append(None)
-            continue
-        try:
-            value = int(item)
-        except ValueError:
-            raise typer.BadParameter(f"not a block count: {part.strip()!r}") from None
-        if value < 1:
-            raise typer.BadParameter(f"block counts must be >= 1, got {value}")
-        out.append(value)
-    if not out:
-        raise typer.BadParameter("give at least one block count")
-    return out
-
-
-@contextmanager
-def _progress(enabled: bool, console: Console, label: str, total: int) -> Iterator[ProgressFn | None]:
-    if not enabled:
-        yield None
-        return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-
-        def update(done: int, _total: int) -> None:
-            bar.update(task, completed=done)
-
-        yield update
 
 
 _H_TRACE = f"built-in trace ({', '.join(BUILTIN_TRACES)}) or a JSONL path (plain or .gz)"
@@ -139,7 +102,8 @@ def replay_command(
         try:
             with _progress(show, console, label, len(loaded)) as update:
                 result = run_replay(loaded.requests, config, factory, engine_name=engine, trace_name=trace,
-                                    check_spec=check_spec, progress=update)
+                                    executor=LockstepExecutor if check_spec else Executor,
+                                    progress=update)
         except (ValueError, TypeError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
@@ -173,7 +137,5 @@ def replay_command(
 
 def register(app: typer.Typer) -> None:
     """Add the ``replay`` and ``compare-engines`` commands to the project's typer app."""
-    from .compare import register as register_compare  # local: compare imports this module
-
     app.command("replay", help=replay_command.__doc__)(replay_command)
     register_compare(app)

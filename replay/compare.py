@@ -55,7 +55,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .cli import _progress, parse_capacities
+from .cli_common import _progress, parse_capacities
 from .engines import EngineFactory, EngineUnavailable, ReplayEngine, load_factory, num_evictions
 from .report import CSV_FIELDS, monotonicity_violations
 from .sim import ProgressFn, ReplayConfig, ReplayResult, run_replay

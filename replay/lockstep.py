@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,58 +45,13 @@ from pagedprefix.spec import (
     SpecCache,
 )
 
+from .divergence import REPRO_FORMAT, REPRO_VERSION, Divergence
 from .engines import EngineFactory, ReplayEngine, num_evictions
 from .sim import Executor, ReplayConfig, ReplayResult, ReplayStopped, run_replay
 from .synth import decode_tokens, prompt_tokens
 from .trace import TraceRequest, load_trace
 
-REPRO_FORMAT = "pagedprefix.replay.repro"
-REPRO_VERSION = 1
-
 OpRecord = tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """The first operation on which the engine and the spec disagree."""
-
-    op_index: int
-    reason: str
-    expected: str
-    actual: str
-    ops: list[dict[str, Any]] = field(repr=False)
-    config: dict[str, Any] = field(repr=False)
-
-    @property
-    def op(self) -> dict[str, Any]:
-        return self.ops[self.op_index]
-
-    def __str__(self) -> str:
-        op = {k: v for k, v in self.op.items() if k != "hash_ids"}
-        return (
-            f"divergence at operation {self.op_index} {op}: {self.reason}\n"
-            f"  spec:   {self.expected}\n  engine: {self.actual}"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": REPRO_FORMAT,
-            "version": REPRO_VERSION,
-            "config": self.config,
-            "divergence": {
-                "op_index": self.op_index,
-                "reason": self.reason,
-                "expected": self.expected,
-                "actual": self.actual,
-            },
-            "ops": self.ops,
-        }
-
-    def save(self, path: str | Path) -> Path:
-        """Write the reproduction JSON; returns the path."""
-        out = Path(path)
-        out.write_text(json.dumps(self.to_json(), separators=(",", ":")) + "\n")
-        return out
 
 
 class DivergenceFound(ReplayStopped):
@@ -159,7 +114,7 @@ class LockstepExecutor(Executor):
     """Runs each operation on the engine and on the spec and stops at the first disagreement."""
 
     def __init__(self, engine: ReplayEngine, config: CacheConfig, *, deep: bool = True) -> None:
-        super().__init__(engine, config.num_blocks)
+        super().__init__(engine, config)
         self.config = config
         self.spec = SpecCache.create(config)
         caps = getattr(engine, "capabilities", None)
@@ -173,6 +128,11 @@ class LockstepExecutor(Executor):
         )
         step = getattr(engine, "step", None)
         self.engine_step: Callable[[], Any] | None = step if callable(step) else None
+
+    def finish(self, result: ReplayResult) -> None:
+        """Record the divergence (if any) and the spec's eviction count in ``result``."""
+        result.divergence = self.divergence
+        result.spec_evictions = self.spec.num_evictions
 
     def _engine_call(self, call: Callable[[], Any]) -> tuple[bool, Any]:
         try:
@@ -420,7 +380,7 @@ def check_trace_slice(
                           decode_chunk=decode_chunk, max_output=max_output, samples=samples)
     name = getattr(factory, "__qualname__", repr(factory))
     result = run_replay(loaded.requests, config, factory, engine_name=str(name), trace_name=trace,
-                        check_spec=True, with_bound=False)
+                        executor=LockstepExecutor, with_bound=False)
     spec_evictions = result.spec_evictions or 0
     if result.divergence is not None and repro_path is not None:
         result.divergence.save(repro_path)

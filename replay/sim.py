@@ -32,17 +32,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, OutOfBlocks
 
 from .bound import prefix_hit_bound
+from .divergence import Divergence
 from .engines import EngineFactory, ReplayEngine, num_evictions
 from .synth import decode_tokens, prompt_tokens
 from .trace import TraceRequest
-
-if TYPE_CHECKING:
-    from .lockstep import Divergence
 
 ProgressFn = Callable[[int, int], None]
 
@@ -171,9 +169,9 @@ class Executor:
     """Runs the replay's operations on one engine and tracks peak usage. The lockstep executor
     (:mod:`pagedprefix.replay.lockstep`) subclasses it to run the spec alongside."""
 
-    def __init__(self, engine: ReplayEngine, num_blocks: int) -> None:
+    def __init__(self, engine: ReplayEngine, config: CacheConfig) -> None:
         self.engine = engine
-        self.num_blocks = num_blocks
+        self.num_blocks = config.num_blocks
         self.operations = 0
         self.peak_in_use = 0
 
@@ -206,6 +204,12 @@ class Executor:
     def evictions(self) -> int | None:
         return num_evictions(self.engine)
 
+    def finish(self, result: ReplayResult) -> None:
+        """Add what this executor learned to ``result`` when the replay ends (nothing here)."""
+
+
+ExecutorFactory = Callable[[ReplayEngine, CacheConfig], Executor]
+
 
 @dataclass
 class _Run:
@@ -225,15 +229,16 @@ def run_replay(
     *,
     engine_name: str = "",
     trace_name: str = "",
-    check_spec: bool = False,
+    executor: ExecutorFactory = Executor,
     progress: ProgressFn | None = None,
     with_bound: bool = True,
 ) -> ReplayResult:
     """Replay ``requests`` (in the order given) through the engine ``factory`` builds.
 
-    With ``check_spec`` the spec runs in lockstep; the replay stops at the first divergence, which is
-    returned in ``result.divergence`` (with the operation sequence up to it, see
-    :class:`pagedprefix.replay.lockstep.Divergence`).
+    ``executor`` runs each operation; :class:`pagedprefix.replay.lockstep.LockstepExecutor` runs
+    the spec alongside, and the replay then stops at the first divergence, which is returned in
+    ``result.divergence`` (with the operation sequence up to it, see
+    :class:`pagedprefix.replay.divergence.Divergence`).
     """
     config.validate()
     reqs = list(requests)
@@ -243,13 +248,7 @@ def run_replay(
     num_blocks = unbounded_blocks(reqs, config) if config.num_blocks is None else config.num_blocks
     cache_config = config.cache_config(num_blocks)
     engine = factory(cache_config)
-    ex: Executor
-    if check_spec:
-        from .lockstep import LockstepExecutor
-
-        ex = LockstepExecutor(engine, cache_config)
-    else:
-        ex = Executor(engine, num_blocks)
+    ex = executor(engine, cache_config)
 
     result = ReplayResult(
         engine=engine_name, trace=trace_name, block_size=bsz, num_blocks=num_blocks, unbounded=unbounded,
@@ -381,11 +380,7 @@ def run_replay(
         pass
     finally:
         result.wall_s = time.perf_counter() - t0
-    from .lockstep import LockstepExecutor  # local: lockstep imports this module
-
-    if isinstance(ex, LockstepExecutor):
-        result.divergence = ex.divergence
-        result.spec_evictions = ex.spec.num_evictions
+    ex.finish(result)
     result.hits = hits
     result.delayed = sum(delayed)
     result.operations = ex.operations

@@ -43,24 +43,40 @@ class InvalidBlockId(PrefixCacheError, IndexError):
 class OutOfBlocks(PrefixCacheError, RuntimeError):
     """Not enough free capacity for the operation right now.
 
+    Every argument is optional, so an adapter raises it from whatever its engine tells it
+    (``OutOfBlocks()`` alone is valid; the suite only reads the kind).
+
     Attributes:
-        needed: blocks the operation must pop from the free_block_queue.
-        available: blocks it could pop (free blocks minus evictable hits).
-        never_fits: True when the request needs more blocks than the whole pool has, so it can
-            never be admitted (an engine should reject it rather than wait).
+        needed: blocks the operation must pop from the free_block_queue (``None``: not known).
+        available: blocks it could pop, free blocks minus evictable hits (``None``: not known).
+        never_fits: True when the request needs more blocks than the whole pool has
+            (``total_blocks > num_blocks``, both given), so it can never be admitted (an engine
+            should reject it rather than wait).
     """
 
-    def __init__(self, needed: int, available: int, num_blocks: int, total_blocks: int) -> None:
+    def __init__(
+        self,
+        needed: int | None = None,
+        available: int | None = None,
+        num_blocks: int | None = None,
+        total_blocks: int | None = None,
+        *,
+        message: str | None = None,
+    ) -> None:
         self.needed = needed
         self.available = available
-        self.never_fits = total_blocks > num_blocks
-        if self.never_fits:
+        self.never_fits = num_blocks is not None and total_blocks is not None and total_blocks > num_blocks
+        if message is not None:
+            msg = message
+        elif self.never_fits:
             msg = (
                 f"request needs {total_blocks} blocks but the pool has only {num_blocks}: "
                 "it can never fit"
             )
-        else:
+        elif needed is not None and available is not None:
             msg = f"needs {needed} free blocks, only {available} available now"
+        else:
+            msg = "not enough free blocks now"
         super().__init__(msg)
 
     def __str__(self) -> str:

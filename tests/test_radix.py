@@ -20,6 +20,7 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
+from pagedprefix.conformance.adapters import RADIX_CAPABILITIES
 from pagedprefix.impl.radix import RadixCache, RadixSummary, TreeView
 from pagedprefix.spec import (
     NO_EXTRAS,
@@ -448,7 +449,7 @@ def test_reset_prefix_cache() -> None:
 
 
 def test_capabilities() -> None:
-    caps = RadixCache.capabilities
+    caps = RADIX_CAPABILITIES
     assert caps.free_order == "other" and caps.dedup_on_full is None and caps.lookup_is_pure
     assert caps.publish == "allocation" and not caps.exact_ids and not caps.keys
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import typer
 from pagedprefix.replay.bound import prefix_hit_bound
-from pagedprefix.replay.cli import parse_capacities, register
+from pagedprefix.replay.cli import register
+from pagedprefix.replay.cli_common import parse_capacities
 from pagedprefix.replay.lockstep import rerun_repro
 from pagedprefix.replay.trace import load_trace
 from pagedprefix.spec import CacheConfig, SpecCache

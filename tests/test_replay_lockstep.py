@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pagedprefix.impl import BlockManager
 from pagedprefix.replay.engines import EngineUnavailable, ReplayEngine, load_factory
-from pagedprefix.replay.lockstep import check_trace_slice, load_repro, rerun_repro, run_ops
+from pagedprefix.replay.lockstep import LockstepExecutor, check_trace_slice, load_repro, rerun_repro, run_ops
 from pagedprefix.replay.sim import ReplayConfig, run_replay
 from pagedprefix.replay.trace import load_trace
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, RequestId, SpecCache
@@ -107,7 +107,7 @@ class Lying:
 def test_a_wrong_hit_length_is_caught_at_its_operation() -> None:
     reqs = load_trace("conversation", limit=12).requests
     config = ReplayConfig(block_size=16, num_blocks=None, max_running=1, max_output=16)
-    result = run_replay(reqs, config, lambda c: Lying(c, nth=3), check_spec=True)
+    result = run_replay(reqs, config, lambda c: Lying(c, nth=3), executor=LockstepExecutor)
     div = result.divergence
     assert div is not None
     # One request at a time, one append each (16 tokens) and a free: 3 operations per request; the
@@ -125,7 +125,7 @@ class Crashing(Lying):
 def test_an_engine_crash_is_a_divergence() -> None:
     reqs = load_trace("conversation", limit=3).requests
     config = ReplayConfig(block_size=16, num_blocks=None, max_output=4)
-    result = run_replay(reqs, config, lambda c: Crashing(c, nth=0), check_spec=True)
+    result = run_replay(reqs, config, lambda c: Crashing(c, nth=0), executor=LockstepExecutor)
     assert result.divergence is not None
     assert result.divergence.reason == "the engine failed where the spec succeeded"
     assert result.divergence.actual == "RuntimeError(boom)"
@@ -166,9 +166,9 @@ class Renamed:
 def test_engines_without_exact_ids_are_compared_up_to_renaming() -> None:
     reqs = load_trace("conversation", limit=30).requests
     config = ReplayConfig(block_size=16, num_blocks=1200, max_running=4, max_output=48, samples=2)
-    ok = run_replay(reqs, config, lambda c: Renamed(c, exact=False), check_spec=True)
+    ok = run_replay(reqs, config, lambda c: Renamed(c, exact=False), executor=LockstepExecutor)
     assert ok.divergence is None and ok.cow_copies > 0 and (ok.spec_evictions or 0) > 0
-    bad = run_replay(reqs, config, lambda c: Renamed(c, exact=True), check_spec=True)
+    bad = run_replay(reqs, config, lambda c: Renamed(c, exact=True), executor=LockstepExecutor)
     assert bad.divergence is not None and bad.divergence.op_index == 0
     assert bad.divergence.reason == "block tables differ"
 
