@@ -1019,8 +1019,10 @@ def keys() -> list[Case]:
             config=CacheConfig(B, 8, hash_algo="weak8", verify_tokens=True),
             profile="core",
             section="2.verify_tokens",
-            description="Two different blocks whose weak8 keys collide: verify_tokens "
+            description="Two different blocks whose weak8 keys collide (under the spec's byte "
+            "encoding, so only an engine reproducing the keys meets the collision): verify_tokens "
             "treats the key hit as a miss.",
+            keys=True,
         )
         c.allocate("a", x + [1])
         c.lookup(y + [1])

@@ -1,10 +1,22 @@
 """``pagedprefix conform``: run the conformance suite against an engine and print a report.
 
-The project's typer app (``src/cli.py``) calls :func:`register`. Exit status 0 when every check
-passed or was skipped by capability, 1 on any failure, 2 when the engine cannot be loaded.
+The project's typer app (``src/cli.py``) calls :func:`register`. Exit status (also in the JSON
+report as ``exit_code``):
+
+- 0: every check passed or was skipped by capability;
+- 1: a check failed — engine misbehaviour included (an adapter call that raises something other
+  than a spec error, returns the wrong type, or does not return within ``--call-timeout``);
+- 2: a user error (an engine that cannot be loaded or is not a factory, a bad option, a file
+  that cannot be read or written): one line on stderr, nothing run;
+- 3: no check failed, but the ``--time-budget`` safety stop ended the stateful run before every
+  planned example ran (the report says ``incomplete``).
 """
 
+from __future__ import annotations
+
 import json
+import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,66 +26,194 @@ import typer
 from .properties import PROFILES
 from .protocol import EngineUnavailable
 from .suite import (
+    DEFAULT_EXAMPLES,
+    DEFAULT_TIME_BUDGET,
     EXTRA_CHECK_GROUPS,
     CheckGroup,
     SuiteOptions,
+    SuiteReport,
     load_engine,
-    probe_capabilities,
+    render_plain,
     render_report,
     run_suite,
 )
+from .watchdog import DEFAULT_CALL_TIMEOUT, EngineHung
 
 ENGINE_HELP = (
-    "impl (default), spec, module:factory (a function config -> adapter), "
-    "or jsonl:COMMAND (an engine speaking the JSON-lines protocol)"
+    "impl (default), spec, radix, module:factory (a function config -> adapter; run in a worker "
+    "process unless --in-process), or jsonl:COMMAND (an engine speaking the JSON-lines protocol)"
 )
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: one line on stderr, exit status 2."""
+
+
+def fail_user(message: str) -> typer.Exit:
+    """Print ``message`` as one line on stderr; the ``typer.Exit(2)`` to raise."""
+    print(f"pagedprefix conform: error: {' '.join(message.split())}", file=sys.stderr)
+    return typer.Exit(2)
+
+
+def check_output_path(path: Path, what: str) -> None:
+    """A file we will write at the end must be writable now (its directory exists)."""
+    if path.is_dir():
+        raise UserError(f"{what} {path}: is a directory")
+    if not path.parent.is_dir():
+        raise UserError(f"{what} {path}: directory {path.parent} does not exist")
+
+
+def check_options(max_examples: int, steps: int, time_budget: float, call_timeout: float, seed: int) -> None:
+    if max_examples < 0:
+        raise UserError(f"--max-examples must be >= 0, got {max_examples}")
+    if not 1 <= steps <= 10_000:
+        raise UserError(f"--steps must be in 1..10000, got {steps}")
+    for name, value in (("--time-budget", time_budget), ("--call-timeout", call_timeout)):
+        if not math.isfinite(value) or value <= 0:
+            raise UserError(f"{name} must be a positive number of seconds, got {value}")
+    if not 0 <= seed < 2**63:
+        raise UserError(f"--seed must be in [0, 2**63), got {seed}")
 
 
 def conform(
     engine: Annotated[str, typer.Option("--engine", help=ENGINE_HELP)] = "impl",
     profile: Annotated[str, typer.Option("--profile", help=f"one of {', '.join(PROFILES)}")] = "exact",
     json_path: Annotated[Optional[Path], typer.Option("--json", help="write the report as JSON here")] = None,  # noqa: UP045
-    seed: Annotated[int, typer.Option("--seed", help="Hypothesis seed (same seed, same run)")] = 0,
-    max_examples: Annotated[int, typer.Option("--max-examples", help="stateful examples")] = 150,
+    seed: Annotated[int, typer.Option("--seed", help="the run's seed (same seed, same report)")] = 0,
+    max_examples: Annotated[
+        int, typer.Option("--max-examples", help="stateful examples (the run is defined by this count)")
+    ] = DEFAULT_EXAMPLES,
+    steps: Annotated[int, typer.Option("--steps", help="operations per stateful example")] = 30,
     time_budget: Annotated[
-        float, typer.Option("--time-budget", help="seconds; no new examples after it")
-    ] = 40.0,
+        float, typer.Option("--time-budget", help="safety stop in seconds: no new examples after it (exit 3)")
+    ] = DEFAULT_TIME_BUDGET,
+    call_timeout: Annotated[
+        float, typer.Option("--call-timeout", help="seconds one engine call may take before it is a FAIL")
+    ] = DEFAULT_CALL_TIMEOUT,
     vectors: Annotated[
         Optional[list[Path]],  # noqa: UP045
         typer.Option("--vectors", help="also run the vector files under DIR (repeatable)"),
     ] = None,
+    path: Annotated[
+        Optional[list[Path]],  # noqa: UP045
+        typer.Option(
+            "--path", help="search DIR for the engine's module first (repeatable; '.' is searched last)"
+        ),
+    ] = None,
+    database: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--database", help="keep Hypothesis's example database in DIR (default: none)"),
+    ] = None,
+    in_process: Annotated[
+        bool,
+        typer.Option("--in-process", help="run a module:factory engine in this process (no hard timeout)"),
+    ] = False,
     no_stateful: Annotated[bool, typer.Option("--no-stateful", help="vectors only")] = False,
     no_trace: Annotated[
         bool, typer.Option("--no-trace", help="skip the real-trace slice (Mooncake, lockstep with the spec)")
     ] = False,
 ) -> None:
     """Check an engine against the spec: test vectors, the stateful runner, and a slice of real
-    traffic (the first 300 requests of the Mooncake conversation trace) replayed in lockstep."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    traffic (the first 300 requests of the Mooncake conversation trace) replayed in lockstep.
 
-    console = Console()
-    if profile not in PROFILES:
-        console.print(f"[red]unknown profile {profile!r}; choose from {', '.join(PROFILES)}[/red]")
-        raise typer.Exit(2)
+    Exit status: 0 pass, 1 a check failed (engine misbehaviour included), 2 user error,
+    3 incomplete (the --time-budget safety stop fired)."""
     try:
-        factory = load_engine(engine)
-        probe_capabilities(factory)
+        options, factory = _prepare(
+            engine,
+            profile,
+            json_path,
+            seed,
+            max_examples,
+            steps,
+            time_budget,
+            call_timeout,
+            vectors or [],
+            path or [],
+            database,
+            in_process,
+            no_stateful,
+        )
+    except UserError as exc:
+        raise fail_user(str(exc)) from None
+    try:
+        report = _run(factory, options, engine, no_trace)
     except EngineUnavailable as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
-    for d in vectors or []:
+        raise fail_user(str(exc)) from None
+    finally:
+        close = getattr(factory, "close", None)
+        if callable(close):
+            close()
+    _print(report)
+    if json_path is not None:
+        try:
+            json_path.write_text(
+                json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n", encoding="utf-8"
+            )
+        except OSError as exc:
+            raise fail_user(f"--json {json_path}: {exc.strerror or exc}") from None
+        print(f"report written to {json_path}", file=sys.stderr)
+    raise typer.Exit(report.exit_code)
+
+
+def _prepare(
+    engine: str,
+    profile: str,
+    json_path: Path | None,
+    seed: int,
+    max_examples: int,
+    steps: int,
+    time_budget: float,
+    call_timeout: float,
+    vectors: list[Path],
+    paths: list[Path],
+    database: Path | None,
+    in_process: bool,
+    no_stateful: bool,
+) -> tuple[SuiteOptions, Callable[..., object]]:
+    """Every user error is found here, before any work starts (:class:`UserError`)."""
+    if profile not in PROFILES:
+        raise UserError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
+    check_options(max_examples, steps, time_budget, call_timeout, seed)
+    if json_path is not None:
+        check_output_path(json_path, "--json")
+    for d in vectors:
         if not d.is_dir():
-            console.print(f"[red]--vectors {d}: not a directory[/red]")
-            raise typer.Exit(2)
+            raise UserError(f"--vectors {d}: not a directory")
+    for d in paths:
+        if not d.is_dir():
+            raise UserError(f"--path {d}: not a directory")
+    if database is not None and database.exists() and not database.is_dir():
+        raise UserError(f"--database {database}: not a directory")
     options = SuiteOptions(
         profile=profile,
         seed=seed,
         max_examples=max_examples,
+        steps=steps,
         time_budget=time_budget,
-        vector_dirs=tuple(vectors or ()),
+        vector_dirs=tuple(vectors),
         stateful=not no_stateful,
+        call_timeout=call_timeout,
+        database=database,
     )
+    try:
+        factory = load_engine(
+            engine, isolate=False if in_process else None, paths=paths, call_timeout=call_timeout
+        )
+    except EngineUnavailable as exc:
+        hint = "" if paths or ":" not in engine else " (is its folder on --path?)"
+        raise UserError(f"{exc}{hint}") from None
+    except (EngineHung, OSError, RuntimeError) as exc:
+        raise UserError(f"engine {engine!r} could not be started: {exc}") from None
+    return options, factory
+
+
+def _run(factory: Callable[..., object], options: SuiteOptions, engine: str, no_trace: bool) -> SuiteReport:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    groups = list(EXTRA_CHECK_GROUPS) if no_trace else [*EXTRA_CHECK_GROUPS, *_trace_groups()]
+    console = Console(stderr=True)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -81,6 +221,7 @@ def conform(
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,
     ) as bar:
         tasks: dict[str, object] = {}
 
@@ -90,17 +231,22 @@ def conform(
                 tasks[phase] = bar.add_task(label, total=total)
             bar.update(tasks[phase], completed=done, total=total)  # type: ignore[arg-type]
 
-        groups = list(EXTRA_CHECK_GROUPS) if no_trace else [*EXTRA_CHECK_GROUPS, *_trace_groups()]
-        report = run_suite(factory, options, engine_name=engine, progress=progress, extra_groups=groups)
-    render_report(report, console)
-    if report.stateful is not None:
-        for failure in report.stateful.failures():
-            console.rule(f"counterexample: {failure.prop}")
-            console.print(failure.render(), markup=False, highlight=False)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        console.print(f"report written to {json_path}")
-    raise typer.Exit(0 if report.ok else 1)
+        return run_suite(factory, options, engine_name=engine, progress=progress, extra_groups=groups)  # type: ignore[arg-type]
+
+
+def _print(report: SuiteReport) -> None:
+    """The report on stdout: a table on a terminal, plain lines when piped (nothing wraps)."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal:
+        render_report(report, console)
+        if report.stateful is not None:
+            for failure in report.stateful.failures():
+                console.rule(f"counterexample: {failure.prop}")
+                console.print(failure.render(), markup=False, highlight=False)
+    else:
+        render_plain(report, sys.stdout)
 
 
 # The real-trace slice lives in ``pagedprefix.replay``, a layer above this package: the app that

@@ -22,16 +22,18 @@ for every live request, ints first then strs, each sorted); and, when the adapte
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pagedprefix.spec import RequestId
+from pagedprefix.spec import PrefixCacheError, RequestId
 from pagedprefix.spec.cache import request_sort_key
 
 from .codec import Json, error_kind, extra_kinds_of, extras_from_json
 from .properties import Violation
-from .protocol import Capabilities, PrefixCacheAdapter
+from .protocol import Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
+from .watchdog import EngineHung, describe_exception, guarded
 
 OPS: tuple[str, ...] = ("allocate", "append", "fork", "free", "lookup", "reset")
 Step = dict[str, Json]
@@ -47,12 +49,18 @@ class Outcome:
     error: str | None = None
     crash: str | None = None
     message: str = ""
+    trace: str = ""
+    """The engine's traceback of a crash."""
+    skipped: bool = False
+    """Not sent (a lookup to an engine that declares none)."""
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.crash is None
 
     def describe(self) -> str:
+        if self.skipped:
+            return "not sent (no lookup declared)"
         if self.crash is not None:
             return f"crash: {self.crash}"
         if self.error is not None:
@@ -60,11 +68,20 @@ class Outcome:
         return json.dumps(self.result, sort_keys=True)
 
 
+def _int(value: Any, what: str) -> int:
+    """``value`` as an int: ints and int-like numbers (``operator.index``), never bools or floats."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} is a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} is {value!r:.80}, not an int") from None
+
+
 def _ints(value: Any, what: str) -> list[int]:
-    out = [int(x) for x in value]
-    if any(isinstance(x, bool) for x in value):
-        raise TypeError(f"{what} holds a bool")
-    return out
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{what} is {value!r:.80}, not a sequence of ints")
+    return [_int(x, what) for x in value]
 
 
 def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
@@ -73,11 +90,13 @@ def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
         extras = extras_from_json(step.get("extras"))
         alloc = adapter.allocate(step["request_id"], step["tokens"], extras)
         return {
-            "num_computed_tokens": int(alloc.num_computed_tokens),
+            "num_computed_tokens": _int(alloc.num_computed_tokens, "num_computed_tokens"),
             "block_table": _ints(alloc.block_table, "block_table"),
         }
     if op == "append":
         res = adapter.append(step["request_id"], step["tokens"])
+        if not isinstance(res.copies, (list, tuple)) or any(len(_ints(c, "copy")) != 2 for c in res.copies):
+            raise TypeError(f"copies is {res.copies!r:.80}, not a sequence of (src, dst) pairs")
         return {
             "copies": [_ints(pair, "copy") for pair in res.copies],
             "block_table": _ints(res.block_table, "block_table"),
@@ -90,7 +109,9 @@ def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
         return {}
     if op == "lookup":
         return {
-            "num_computed_tokens": int(adapter.lookup(step["tokens"], extras_from_json(step.get("extras"))))
+            "num_computed_tokens": _int(
+                adapter.lookup(step["tokens"], extras_from_json(step.get("extras"))), "lookup"
+            )
         }
     if op == "reset":
         value = adapter.reset_prefix_cache()
@@ -101,15 +122,55 @@ def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
 
 
 def execute(adapter: PrefixCacheAdapter, step: Step) -> Outcome:
-    """Run ``step`` on ``adapter``; never raises (an unexpected exception becomes a crash)."""
+    """Run ``step`` on ``adapter``. An exception that is not one of the spec's typed errors, or a
+    malformed result, becomes a crash (with its traceback); only :class:`EngineHung` escapes."""
     try:
-        result = _run(adapter, step)
+        op = str(step["op"])
+        with guarded(OP_CALLS.get(op, op)):
+            result = _run(adapter, step)
+    except EngineHung:
+        raise
     except Exception as exc:
         kind = error_kind(exc)
         if kind is None:
-            return Outcome(crash=f"{type(exc).__name__}: {exc}")
+            return Outcome(crash=f"{type(exc).__name__}: {exc}", trace=describe_exception(exc))
         return Outcome(error=kind, message=str(exc))
     return Outcome(result=result)
+
+
+OP_CALLS = {"reset": "reset_prefix_cache"}
+
+
+def call_engine_raw(what: str, call: Any) -> Any:
+    """``call()`` under the in-process limit; spec errors, ``UnsupportedConfig`` and
+    ``EngineUnavailable`` (the engine cannot be loaded: a user error) pass through, anything else
+    (but :class:`EngineHung`) becomes an ``engine-errors`` violation."""
+    try:
+        with guarded(what):
+            return call()
+    except (EngineHung, EngineUnavailable, PrefixCacheError, UnsupportedConfig):
+        raise
+    except Exception as exc:
+        raise Violation(
+            "engine-errors", f"{what} raised {type(exc).__name__}: {exc}", describe_exception(exc)
+        ) from None
+
+
+def call_engine(what: str, call: Any) -> Any:
+    """``call()`` (an observation or ``step()``) under the in-process limit. A spec error from it
+    is an ``accounting`` violation (the engine disagrees about its own state, e.g. a live request
+    it calls unknown); any other exception but :class:`EngineHung` an ``engine-errors`` one."""
+    try:
+        with guarded(what):
+            return call()
+    except EngineHung:
+        raise
+    except PrefixCacheError as exc:
+        raise Violation("accounting", f"{what} raised {type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        raise Violation(
+            "engine-errors", f"{what} raised {type(exc).__name__}: {exc}", describe_exception(exc)
+        ) from None
 
 
 def sorted_ids(ids: Iterable[RequestId]) -> list[RequestId]:
@@ -126,38 +187,84 @@ def observe(
 ) -> Observation:
     """The adapter's observable state (see the module docstring). ``live_ids`` are the requests the
     caller believes live; an adapter that cannot report one of them violates ``accounting``."""
-    obs: Observation = {}
-    try:
-        obs["num_free_blocks"] = int(adapter.num_free_blocks())
-    except Exception as exc:
-        raise Violation("accounting", f"num_free_blocks() raised {type(exc).__name__}: {exc}") from None
+    batch = getattr(adapter, "observe_batch", None)
+    if callable(batch):
+        ids, with_keys = sorted_ids(live_ids), want_keys and caps.keys
+        got = call_engine("observe", lambda: batch(ids, caps.ref_cnt, caps.free_queue, with_keys))
+        if got is not None:
+            return _checked_observation(got, num_blocks)
+    obs: Observation = {"num_free_blocks": call_engine("num_free_blocks()", adapter.num_free_blocks)}
     tables: list[Json] = []
     for rid in sorted_ids(live_ids):
-        try:
-            table = _ints(adapter.block_table(rid), "block_table")
-        except Exception as exc:
-            raise Violation(
-                "accounting", f"block_table({rid!r}) of a live request raised {type(exc).__name__}: {exc}"
-            ) from None
+        table = call_engine(f"block_table({rid!r}) of a live request", lambda r=rid: adapter.block_table(r))
         tables.append([rid, table])
     obs["tables"] = tables
     if caps.ref_cnt:
-        obs["ref_cnt"] = [int(adapter.ref_cnt(b)) for b in range(num_blocks)]
+        obs["ref_cnt"] = [
+            call_engine(f"ref_cnt({b})", lambda b=b: adapter.ref_cnt(b)) for b in range(num_blocks)
+        ]
     if caps.free_queue:
-        obs["free_blocks"] = _ints(adapter.free_blocks(), "free_blocks")
+        obs["free_blocks"] = call_engine("free_blocks()", adapter.free_blocks)
     if want_keys and caps.keys:
         keys: list[Json] = []
         for rid, table in tables:
-            hashes = [adapter.block_hash(b) for b in table]
+            hashes = [call_engine(f"block_hash({b})", lambda b=b: adapter.block_hash(b)) for b in table]
             keys.append([rid, [None if h is None else bytes(h).hex() for h in hashes]])
         obs["keys"] = keys
-    return obs
+    return _checked_observation(obs, num_blocks)
+
+
+def _checked_observation(obs: Observation, num_blocks: int) -> Observation:
+    """``obs`` with every value of the documented type (ints, lists of ints, hex or null keys);
+    anything else is an ``engine-errors`` violation."""
+
+    def fail(what: str, value: object) -> None:
+        raise Violation("engine-errors", f"{what} returned {value!r:.200}, not {_WANTS[what.split('(')[0]]}")
+
+    free = obs.get("num_free_blocks")
+    if not _is_int(free):
+        fail("num_free_blocks()", free)
+    for rid, table in obs.get("tables", []):
+        if not _int_seq(table):
+            fail(f"block_table({rid!r})", table)
+    if "ref_cnt" in obs:
+        refs = obs["ref_cnt"]
+        if not _int_seq(refs) or len(refs) != num_blocks:
+            fail("ref_cnt()", refs)
+    if "free_blocks" in obs and not _int_seq(obs["free_blocks"]):
+        fail("free_blocks()", obs["free_blocks"])
+    out = dict(obs)
+    out["tables"] = [[rid, [int(b) for b in t]] for rid, t in obs.get("tables", [])]
+    if "ref_cnt" in obs:
+        out["ref_cnt"] = [int(b) for b in obs["ref_cnt"]]
+    if "free_blocks" in obs:
+        out["free_blocks"] = [int(b) for b in obs["free_blocks"]]
+    return out
+
+
+_WANTS = {
+    "num_free_blocks": "an int",
+    "block_table": "a sequence of ints",
+    "ref_cnt": "an int per block",
+    "free_blocks": "a sequence of ints",
+}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_seq(value: object) -> bool:
+    return isinstance(value, (list, tuple)) and all(_is_int(v) for v in value)
 
 
 def is_live(adapter: PrefixCacheAdapter, request_id: RequestId) -> bool:
     """Whether the adapter reports ``request_id`` as live (``block_table`` does not raise)."""
     try:
-        adapter.block_table(request_id)
+        with guarded("block_table"):
+            adapter.block_table(request_id)
+    except EngineHung:
+        raise
     except Exception:
         return False
     return True

@@ -2,20 +2,26 @@
 
 ``python -m pagedprefix.conformance.jsonl_server --engine module:factory`` reads requests from
 stdin and writes responses to stdout, one per line. It is the reference implementation of the
-server side, and a way to check a Python engine through the same path an engine in C++ or Rust
-would take.
+server side, the worker process in which ``pagedprefix conform`` runs every engine that is not
+pagedprefix's own (so that a call that never returns can be stopped), and a way to check a
+Python engine through the same path an engine in C++ or Rust would take.
+
+The engine is loaded at start; if that fails, ``hello`` answers with an ``EngineUnavailable``
+error naming why. Whatever the engine prints goes to stderr: stdout carries only replies.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
 from .codec import Json, config_from_json, error_kind, extras_from_json
-from .protocol import AdapterFactory, PrefixCacheAdapter, close_adapter
+from .protocol import AdapterFactory, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from .subprocess_adapter import PROTOCOL, PROTOCOL_VERSION
 
 
@@ -26,9 +32,11 @@ class _Shutdown(Exception):
 class Server:
     """Dispatches protocol requests to adapters built by ``factory``."""
 
-    def __init__(self, factory: AdapterFactory) -> None:
+    def __init__(self, factory: AdapterFactory | None, load_error: str = "") -> None:
         self.factory = factory
+        self.load_error = load_error
         self.caches: dict[int, PrefixCacheAdapter] = {}
+        self.num_blocks: dict[int, int] = {}
         self.next_handle = 1
 
     def _cache(self, params: dict[str, Json]) -> PrefixCacheAdapter:
@@ -41,14 +49,20 @@ class Server:
     def handle(self, method: str, params: dict[str, Json]) -> Json:
         """The result of one request (raises what the engine raises)."""
         if method == "hello":
+            if self.factory is None:
+                raise EngineUnavailable(self.load_error)
             return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
         if method == "shutdown":
             raise _Shutdown
+        if self.factory is None:
+            raise EngineUnavailable(self.load_error)
         if method == "create":
-            adapter = self.factory(config_from_json(params["config"]))
+            config = config_from_json(params["config"])
+            adapter = self.factory(config)
             handle = self.next_handle
             self.next_handle += 1
             self.caches[handle] = adapter
+            self.num_blocks[handle] = config.num_blocks
             return {"handle": handle, "capabilities": adapter.capabilities.to_json()}
         if method == "drop":
             adapter = self._cache(params)
@@ -73,10 +87,28 @@ class Server:
             "free_blocks": lambda: {"free_blocks": list(cache.free_blocks())},
             "block_hash": lambda: {"block_hash": self._hex(cache.block_hash(params["block_id"]))},
             "step": lambda: cache.step(),
+            "observe": lambda: self._observe(cache, self.num_blocks[params["handle"]], params),
+            "spell_extras": lambda: dict(
+                cache.spell_extras(extras_from_json(params.get("extras")))  # type: ignore[attr-defined]
+            ),
         }
         if method not in ops:
             raise ValueError(f"unknown method {method!r}")
         return ops[method]()
+
+    @staticmethod
+    def _observe(cache: PrefixCacheAdapter, num_blocks: int, params: dict[str, Json]) -> Json:
+        out: dict[str, Json] = {"num_free_blocks": cache.num_free_blocks()}
+        ids = params.get("request_ids") or []
+        tables = [[rid, list(cache.block_table(rid))] for rid in ids]
+        out["tables"] = tables
+        if params.get("ref_cnt"):
+            out["ref_cnt"] = [cache.ref_cnt(b) for b in range(num_blocks)]
+        if params.get("free_blocks"):
+            out["free_blocks"] = list(cache.free_blocks())
+        if params.get("keys"):
+            out["keys"] = [[rid, [Server._hex(cache.block_hash(b)) for b in table]] for rid, table in tables]
+        return out
 
     @staticmethod
     def _allocation(alloc: Any) -> Json:
@@ -108,11 +140,13 @@ class Server:
                 stdout.flush()
                 break
             except Exception as exc:
-                kind = error_kind(exc) or "EngineError"
+                kind = error_kind(exc) or _other_kind(exc)
                 err: dict[str, Json] = {
                     "kind": kind,
                     "message": f"{type(exc).__name__}: {exc}" if kind == "EngineError" else str(exc),
                 }
+                if kind == "EngineError":
+                    err["traceback"] = traceback.format_exc()
                 for name in ("needed", "available", "never_fits"):
                     if hasattr(exc, name):
                         err[name] = getattr(exc, name)
@@ -123,6 +157,14 @@ class Server:
             close_adapter(adapter)
 
 
+def _other_kind(exc: BaseException) -> str:
+    if isinstance(exc, UnsupportedConfig):
+        return "UnsupportedConfig"
+    if isinstance(exc, EngineUnavailable):
+        return "EngineUnavailable"
+    return "EngineError"
+
+
 def main(argv: list[str] | None = None) -> int:
     from .suite import load_engine
 
@@ -131,7 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--engine", default="spec", help="impl, spec or module:factory (default: spec)")
     args = parser.parse_args(argv)
-    Server(load_engine(args.engine)).serve(sys.stdin, sys.stdout)
+    if os.environ.get("PAGEDPREFIX_WORKER") and sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]  # ``python -m`` put the working directory first; it is searched last instead
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the engine's prints must not reach the replies
+    factory: AdapterFactory | None = None
+    error = ""
+    try:
+        factory = load_engine(args.engine, isolate=False)
+    except EngineUnavailable as exc:
+        error = str(exc)
+    except Exception as exc:  # an engine module that fails to import for any reason
+        error = f"engine {args.engine!r}: {type(exc).__name__}: {exc}"
+    Server(factory, error).serve(sys.stdin, replies)
     return 0
 
 

@@ -137,10 +137,23 @@ class Judge:
         level: the effective profile (already lowered for undeclared claims).
         disabled: properties whose violation raises :class:`Lost` instead of
             :class:`Violation` (the stateful runner uses it to look past a known failure).
+        publish_decode: the engine's claim of when blocks filled by ``append`` become visible
+            (``"append"`` or ``"free"``, :class:`~pagedprefix.conformance.protocol.Capabilities`):
+            ``maximal`` expects hits only on what the engine has published by then.
     """
 
-    def __init__(self, config: CacheConfig, level: str, disabled: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        level: str,
+        disabled: frozenset[str] = frozenset(),
+        publish_decode: str = "append",
+    ) -> None:
         self.config = config
+        self.publish_decode = publish_decode
+        self.published: set[int] = set()
+        self.pending: dict[RequestId, set[int]] = {}
+        self.engine_pops = 0
         self.B = config.block_size
         self.N = config.num_blocks
         self.level = level
@@ -151,16 +164,15 @@ class Judge:
         self.live: dict[RequestId, Req] = {}
         self.renaming = Renaming()
         self.slots: dict[int, list[int | None]] = {}
-        self.diverged = False
         self.prev: Observation = {}
         self._interned: dict[tuple[Any, ...], int] = {}
 
     # ----- reporting ------------------------------------------------------------------------
 
-    def fail(self, prop: str, message: str) -> None:
+    def fail(self, prop: str, message: str, detail: str = "") -> None:
         if prop in self.disabled:
             raise Lost(prop, message)
-        raise Violation(prop, message)
+        raise Violation(prop, message, detail)
 
     # ----- identities -----------------------------------------------------------------------
 
@@ -246,8 +258,9 @@ class Judge:
         op = step["op"]
         what = describe_step(step)
         if outcome.crash is not None:
-            self.fail("error-kinds", f"{what} crashed: {outcome.crash}")
+            self.fail("engine-errors", f"{what} crashed: {outcome.crash}", outcome.trace)
         want = first_error(step, self.live)
+        owed = self.published_hit(step) if want is None and op in ("allocate", "lookup") else 0
         if not outcome.ok:
             assert outcome.error is not None
             if want is not None and outcome.error != want:
@@ -274,7 +287,7 @@ class Judge:
         self._check_held(obs)
         self._check_accounting(obs)
         if expected is not None:
-            self._compare(step, outcome, obs, expected, what)
+            self._compare(step, outcome, obs, expected, what, owed)
         self.prev = obs
 
     # ----- core -----------------------------------------------------------------------------
@@ -306,95 +319,140 @@ class Judge:
             self.fail("accounting", f"{what}: block_table {table} holds a block twice")
 
     def _apply(self, step: Step, outcome: Outcome, obs: Observation, what: str) -> None:
+        """Take a successful operation into the judge's model, checking its core properties."""
         op = step["op"]
         result = outcome.result or {}
-        holders = self._holders()
         if op == "allocate":
-            rid = step["request_id"]
-            tokens = list(step["tokens"])
-            h = int(result["num_computed_tokens"])
-            table = list(result["block_table"])
-            if not 0 <= h <= len(tokens) - 1:
-                self.fail("hit-cap", f"{what} hit {h} tokens of a {len(tokens)}-token prompt")
-            self._check_table_shape(table, len(tokens), what)
-            req = Req(tokens, extras_from_json(step.get("extras")), table)
-            self._extend_idents(req, tokens)
-            for p in range(h):
-                b = table[p // self.B]
-                got = self._slot(b)[p % self.B]
-                if got != req.idents[p]:
-                    state = "was never written" if got is None else "holds KV of other content"
-                    self.fail("hit-content", f"{what} hit {h} tokens, but position {p} in block {b} {state}")
-            hit_blocks = -(-h // self.B)
-            for p in range(h, len(tokens)):
-                j = p // self.B
-                shared = j < hit_blocks
-                self._write(
-                    holders,
-                    rid,
-                    table[j],
-                    p % self.B,
-                    req.idents[p],
-                    "cow-isolation" if shared else "held-blocks",
-                    "a block it hit" if shared else "a block it was given for new tokens",
-                )
-            self.live[rid] = req
+            self._apply_allocate(step, result, what)
         elif op == "append":
-            rid = step["request_id"]
-            req = self.live[rid]
-            old_len = len(req.tokens)
-            old_table = req.table
-            table = list(result["block_table"])
-            copies = [tuple(c) for c in result["copies"]]
-            new_tokens = list(step["tokens"])
-            self._check_table_shape(table, old_len + len(new_tokens), what)
-            full = old_len // self.B
-            if table[:full] != old_table[:full]:
-                self.fail("held-blocks", f"{what} replaced full blocks: table {old_table} -> {table}")
-            for src, dst in copies:
-                if not (0 <= src < self.N and 0 <= dst < self.N):
-                    self.fail("accounting", f"{what} reported copy ({src}, {dst}) outside 0..{self.N - 1}")
-                data = list(self._slot(src))
-                for s, ident in enumerate(data):
-                    if ident is not None:
-                        self._write(holders, rid, dst, s, ident, "held-blocks", "a copy-on-write destination")
-            req.table = table
-            req.tokens.extend(new_tokens)
-            self._extend_idents(req, new_tokens)
-            for p in range(old_len, len(req.tokens)):
-                j = p // self.B
-                kept = j < len(old_table) and old_table[j] == table[j]
-                self._write(
-                    holders,
-                    rid,
-                    table[j],
-                    p % self.B,
-                    req.idents[p],
-                    "cow-isolation" if kept else "held-blocks",
-                    "its shared last block" if kept else "a block it was given for new tokens",
-                )
+            self._apply_append(step, result, what)
         elif op == "fork":
             parent = self.live[step["parent_id"]]
             child_id = step["child_id"]
             table = dict((rid, t) for rid, t in obs["tables"]).get(child_id, [])
             self._check_table_shape(list(table), len(parent.tokens), what)
             self.live[child_id] = Req(list(parent.tokens), parent.extras, list(table), list(parent.idents))
+            if step["parent_id"] in self.pending:
+                self.pending[child_id] = set(self.pending[step["parent_id"]])
         elif op == "free":
             del self.live[step["request_id"]]
+            self.published |= self.pending.pop(step["request_id"], set())
         elif op == "lookup":
             h = int(result["num_computed_tokens"])
             n = len(step["tokens"])
             if not 0 <= h <= n - 1:
                 self.fail("hit-cap", f"{what} returned {h} for a {n}-token prompt")
-        elif op == "reset" and result["reset"] and self.live:
-            self.fail("held-blocks", f"{what} returned True while {len(self.live)} requests hold blocks")
+        elif op == "reset" and result["reset"]:
+            if self.live:
+                self.fail("held-blocks", f"{what} returned True while {len(self.live)} requests hold blocks")
+            self.published.clear()
+            self.engine_pops = 0
+
+    def _apply_allocate(self, step: Step, result: dict[str, Json], what: str) -> None:
+        holders = self._holders()
+        rid = step["request_id"]
+        tokens = list(step["tokens"])
+        h = int(result["num_computed_tokens"])
+        table = list(result["block_table"])
+        if not 0 <= h <= len(tokens) - 1:
+            self.fail("hit-cap", f"{what} hit {h} tokens of a {len(tokens)}-token prompt")
+        self._check_table_shape(table, len(tokens), what)
+        req = Req(tokens, extras_from_json(step.get("extras")), table)
+        self._extend_idents(req, tokens)
+        for p in range(h):
+            b = table[p // self.B]
+            got = self._slot(b)[p % self.B]
+            if got != req.idents[p]:
+                state = "was never written" if got is None else "holds KV of other content"
+                self.fail("hit-content", f"{what} hit {h} tokens, but position {p} in block {b} {state}")
+        hit_blocks = -(-h // self.B)
+        for p in range(h, len(tokens)):
+            j = p // self.B
+            shared = j < hit_blocks
+            self._write(
+                holders,
+                rid,
+                table[j],
+                p % self.B,
+                req.idents[p],
+                "cow-isolation" if shared else "held-blocks",
+                "a block it hit" if shared else "a block it was given for new tokens",
+            )
+        self.live[rid] = req
+        self.engine_pops += len(table) - hit_blocks
+        self.published |= self._block_idents(req, 0, len(tokens) // self.B)
+
+    def _apply_append(self, step: Step, result: dict[str, Json], what: str) -> None:
+        holders = self._holders()
+        rid = step["request_id"]
+        req = self.live[rid]
+        old_len = len(req.tokens)
+        old_table = req.table
+        table = list(result["block_table"])
+        copies = [tuple(c) for c in result["copies"]]
+        new_tokens = list(step["tokens"])
+        self._check_table_shape(table, old_len + len(new_tokens), what)
+        full = old_len // self.B
+        if table[:full] != old_table[:full]:
+            self.fail("held-blocks", f"{what} replaced full blocks: table {old_table} -> {table}")
+        for src, dst in copies:
+            if not (0 <= src < self.N and 0 <= dst < self.N):
+                self.fail("accounting", f"{what} reported copy ({src}, {dst}) outside 0..{self.N - 1}")
+            data = list(self._slot(src))
+            for s, ident in enumerate(data):
+                if ident is not None:
+                    self._write(holders, rid, dst, s, ident, "held-blocks", "a copy-on-write destination")
+        req.table = table
+        req.tokens.extend(new_tokens)
+        self._extend_idents(req, new_tokens)
+        for p in range(old_len, len(req.tokens)):
+            j = p // self.B
+            kept = j < len(old_table) and old_table[j] == table[j]
+            self._write(
+                holders,
+                rid,
+                table[j],
+                p % self.B,
+                req.idents[p],
+                "cow-isolation" if kept else "held-blocks",
+                "its shared last block" if kept else "a block it was given for new tokens",
+            )
+        self.engine_pops += len(table) - len(old_table) + len(copies)
+        filled = self._block_idents(req, full, len(req.tokens) // self.B)
+        if self.publish_decode == "append":
+            self.published |= filled
+        else:
+            self.pending.setdefault(rid, set()).update(filled)
+
+    # ----- publication (what profile maximal may expect to be hit) --------------------------
+
+    def _block_idents(self, req: Req, first: int, stop: int) -> set[int]:
+        """Identities of full blocks ``first .. stop - 1`` of ``req`` (the identity of a block's
+        last position stands for the whole prefix it ends)."""
+        return {req.idents[(j + 1) * self.B - 1] for j in range(first, stop)}
+
+    def published_hit(self, step: Step) -> int:
+        """The longest hit (tokens) the engine can owe ``step`` from what it has published: the
+        leading blocks whose content was published, capped at ``(num_tokens - 1) // B``."""
+        tokens = list(step["tokens"])
+        probe = Req(tokens, extras_from_json(step.get("extras")), [])
+        self._extend_idents(probe, tokens)
+        hits = 0
+        while hits < (len(tokens) - 1) // self.B and probe.idents[(hits + 1) * self.B - 1] in self.published:
+            hits += 1
+        return hits * self.B
 
     def _check_tables(self, step: Step, obs: Observation, what: str) -> None:
+        """Tables must be as the operations left them, except a canonicalized duplicate
+        (SEMANTICS section 6): an entry replaced by another block holding the same content."""
         reported = {rid: t for rid, t in obs["tables"]}
         touched = {step.get("request_id"), step.get("child_id")}
         for rid, req in self.live.items():
             table = reported.get(rid)
             if table == req.table:
+                continue
+            if table is not None and self._canonicalized(req, list(table)):
+                req.table = list(table)
                 continue
             if rid in touched:
                 self.fail(
@@ -404,6 +462,23 @@ class Judge:
             self.fail(
                 "held-blocks", f"{what} changed the block_table of request {rid!r}: {req.table} -> {table}"
             )
+
+    def _canonicalized(self, req: Req, table: list[int]) -> bool:
+        """Whether ``table`` differs from the request's table only in full blocks replaced by
+        other blocks that hold exactly the request's own content at those positions."""
+        if len(table) != len(req.table) or len(set(table)) != len(table):
+            return False
+        if any(not 0 <= b < self.N for b in table):
+            return False
+        for j, (old, new) in enumerate(zip(req.table, table)):
+            if old == new:
+                continue
+            if (j + 1) * self.B > len(req.tokens):
+                return False
+            slots = self._slot(new)
+            if any(slots[s] != req.idents[j * self.B + s] for s in range(self.B)):
+                return False
+        return True
 
     def _check_contents(self, step: Step) -> None:
         for rid, req in self.live.items():
@@ -472,10 +547,12 @@ class Judge:
     # ----- comparisons with the spec --------------------------------------------------------
 
     def _compare(
-        self, step: Step, outcome: Outcome, obs: Observation, exp: dict[str, Json], what: str
+        self, step: Step, outcome: Outcome, obs: Observation, exp: dict[str, Json], what: str, owed: int
     ) -> None:
+        """Compare with the spec's expectation ``exp`` at the profile's level. ``owed``: the hit
+        the engine's own publications allow (profile ``maximal`` asks no more than that)."""
         self._compare_keys(obs, exp)
-        if not self.maximal or self.diverged:
+        if not self.maximal:
             return
         exp_err = exp.get("error")
         exp_res = exp.get("result") or {}
@@ -511,23 +588,25 @@ class Judge:
                         exp_res["block_table"], res["block_table"], "policy-sharing", f"{what}: block_table"
                     )
             self._compare_state(obs, exp, what)
-        else:
-            if outcome.ok != (exp_err is None):
-                self.diverged = True
-                return
-            if outcome.ok and op in ("allocate", "lookup"):
-                got, want = res["num_computed_tokens"], exp_res["num_computed_tokens"]
-                pressure = int(exp.get("pops", 0)) > self.N
-                if not pressure and got < want:
-                    self.fail(
-                        "maximal-hits",
-                        f"{what} hit {got} tokens; the spec hits {want}, and no block ever had to be "
-                        f"reused ({exp.get('pops')} blocks taken for new content, {self.N} in the pool)",
-                    )
-                if got != want:
-                    self.diverged = True
-            if outcome.ok and op == "reset" and res["reset"] != exp_res["reset"]:
-                self.diverged = True
+        elif outcome.ok and exp_err is None and op in ("allocate", "lookup"):
+            self._compare_maximal(step, res["num_computed_tokens"], exp, what, owed)
+
+    def _compare_maximal(self, step: Step, got: int, exp: dict[str, Json], what: str, owed: int) -> None:
+        """Without eviction pressure, a hit at least as long as the spec's — and as what the engine
+        itself has published (``owed``). Pressure counts blocks taken for new content since
+        creation or reset, by the spec and by the engine (which may have taken more: shorter
+        hits of its own, or publication after compute); while neither took more than
+        ``num_blocks``, a never-used block was always at hand and nothing had to be evicted."""
+        want = int(exp["result"]["num_computed_tokens"])
+        spec_pops = int(exp.get("pops", 0))
+        if max(spec_pops, self.engine_pops) > self.N or got >= min(want, owed):
+            return
+        self.fail(
+            "maximal-hits",
+            f"{what} hit {got} tokens; the spec hits {want}, and no block ever had to be reused "
+            f"({spec_pops} blocks taken for new content by the spec, {self.engine_pops} by the engine, "
+            f"{self.N} in the pool)",
+        )
 
     def _same_seq(self, spec_ids: list[int], engine_ids: list[int], prop: str, what: str) -> None:
         if len(spec_ids) != len(engine_ids):

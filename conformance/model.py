@@ -3,13 +3,25 @@ run of an engine judged step by step (shared by the vector runner and the statef
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pagedprefix.spec import CacheConfig, RequestId
 
 from .adapters import SpecAdapter
-from .codec import Json
-from .driver import Observation, Outcome, Step, describe_step, execute, is_live, observe
+from .codec import Json, config_to_json
+from .driver import (
+    Observation,
+    Outcome,
+    Step,
+    call_engine,
+    call_engine_raw,
+    describe_step,
+    execute,
+    is_live,
+    observe,
+)
 from .judge import Judge, first_error
 from .properties import Violation, at_least
 from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, close_adapter
@@ -93,11 +105,19 @@ def live_after(judge: Judge, step: Step, outcome: Outcome) -> list[RequestId]:
 
 @dataclass
 class EngineRun:
-    """One engine instance judged step by step."""
+    """One engine instance judged step by step.
+
+    Every adapter call goes through :func:`~pagedprefix.conformance.driver.call_engine` (or
+    ``execute``): an exception that is not a spec error, or a malformed value, is an
+    ``engine-errors`` violation routed through the judge (so a disabled property is looked past
+    like any other); :class:`~pagedprefix.conformance.watchdog.EngineHung` ends the run.
+    """
 
     adapter: PrefixCacheAdapter
     config: CacheConfig
     judge: Judge
+    last_outcome: Outcome | None = None
+    """What the engine returned at the last step (shown at a violating step)."""
 
     @classmethod
     def start(
@@ -111,36 +131,103 @@ class EngineRun:
     ) -> EngineRun:
         """Build the engine (unless ``adapter`` is given) and check its fresh state."""
         if adapter is None:
-            adapter = factory(config)
-        judge = Judge(config, effective_level(profile, adapter.capabilities, config), disabled)
+            adapter = build_adapter(factory, config)
+        caps = adapter_capabilities(adapter)
+        judge = Judge(config, effective_level(profile, caps, config), disabled, caps.publish_decode)
         run = cls(adapter, config, judge)
-        judge.start(run.observe([], False), expected_initial)
+        with run.routed():
+            obs = run.observe([], False)
+        judge.start(obs, expected_initial)
         return run
 
     @property
     def caps(self) -> Capabilities:
         return self.adapter.capabilities
 
+    @property
+    def sends_lookups(self) -> bool:
+        """Lookups are sent unless the engine has none, or has an impure one and the profile
+        compares eviction order (``lru``, ``exact``)."""
+        caps = self.caps
+        return caps.lookup and (caps.lookup_is_pure or not at_least(self.judge.level, "lru"))
+
     def observe(self, live: list[RequestId], want_keys: bool) -> Observation:
         return observe(self.adapter, self.caps, self.config.num_blocks, live, want_keys)
 
+    @contextlib.contextmanager
+    def routed(self) -> Iterator[None]:
+        """Violations raised by adapter calls in the body go through the judge (``disabled``)."""
+        try:
+            yield
+        except Violation as v:
+            self.judge.fail(v.prop, v.message, v.detail)
+
     def do(self, step: Step, expected: dict[str, Json] | None) -> Outcome:
         """Run one step on the engine, call its step boundary, observe and judge."""
+        if step["op"] == "lookup" and not self.sends_lookups:
+            return Outcome(skipped=True)
+        self.last_outcome = None
         outcome = execute(self.adapter, step)
+        self.last_outcome = outcome
         if outcome.crash is not None:
-            self.judge.fail("error-kinds", f"{describe_step(step)} crashed: {outcome.crash}")
-        try:
-            self.adapter.step()
-        except Exception as exc:
-            raise Violation("error-kinds", f"step() raised {type(exc).__name__}: {exc}") from None
-        leaked = False
-        if not outcome.ok and step["op"] in ("allocate", "fork"):
-            new_id = step["request_id"] if step["op"] == "allocate" else step["child_id"]
-            if _valid_id(new_id) and new_id not in self.judge.live:
-                leaked = is_live(self.adapter, new_id)
-        obs = self.observe(live_after(self.judge, step, outcome), expected is not None and "keys" in expected)
+            self.judge.fail("engine-errors", f"{describe_step(step)} crashed: {outcome.crash}", outcome.trace)
+        with self.routed():
+            call_engine("step()", self.adapter.step)
+            leaked = False
+            if not outcome.ok and step["op"] in ("allocate", "fork"):
+                new_id = step["request_id"] if step["op"] == "allocate" else step["child_id"]
+                if _valid_id(new_id) and new_id not in self.judge.live:
+                    leaked = is_live(self.adapter, new_id)
+            want_keys = expected is not None and "keys" in expected
+            obs = self.observe(live_after(self.judge, step, outcome), want_keys)
         self.judge.check(step, outcome, obs, expected, leaked)
         return outcome
 
     def close(self) -> None:
         close_adapter(self.adapter)
+
+
+def build_adapter(factory: AdapterFactory, config: CacheConfig) -> PrefixCacheAdapter:
+    """``factory(config)``; raises what the factory raises for a config it rejects
+    (``UnsupportedConfig``, a spec error), and an ``engine-errors`` :class:`Violation` for any other
+    exception or for a product that is not an adapter."""
+    what = f"the factory, for config {config_to_json(config)}"
+    adapter: PrefixCacheAdapter = call_engine_raw(what, lambda: factory(config))
+    adapter_capabilities(adapter)
+    return adapter
+
+
+ADAPTER_METHODS = ("allocate", "append", "free", "block_table", "num_free_blocks", "step")
+DECLARED_METHODS = {
+    "lookup": "lookup",
+    "fork": "fork",
+    "reset": "reset_prefix_cache",
+    "ref_cnt": "ref_cnt",
+    "free_queue": "free_blocks",
+    "keys": "block_hash",
+    "spells_extras": "spell_extras",
+}
+
+
+def adapter_capabilities(adapter: object) -> Capabilities:
+    """The adapter's declared :class:`Capabilities`; an ``engine-errors`` :class:`Violation` if
+    it is not an adapter (missing operations, no or malformed capabilities)."""
+    missing = [m for m in ADAPTER_METHODS if not callable(getattr(adapter, m, None))]
+    caps = getattr(adapter, "capabilities", None)
+    if missing or not isinstance(caps, Capabilities):
+        what = f"missing {', '.join(missing)}" if missing else "its capabilities are not a Capabilities"
+        raise Violation(
+            "engine-errors", f"the factory returned {type(adapter).__name__}, not an adapter ({what})"
+        )
+    try:
+        caps.check()
+    except ValueError as exc:
+        raise Violation("engine-errors", f"the adapter's capabilities are malformed: {exc}") from None
+    undone = [
+        m
+        for cap, m in DECLARED_METHODS.items()
+        if getattr(caps, cap) and not callable(getattr(adapter, m, None))
+    ]
+    if undone:
+        raise Violation("engine-errors", f"the adapter declares capabilities but lacks {', '.join(undone)}")
+    return caps

@@ -61,6 +61,11 @@ PROPERTIES: tuple[Property, ...] = (
     Property("hit-cap", "core", "(6) a hit never exceeds num_tokens - 1"),
     Property("error-kinds", "core", "invalid input gets the spec's typed error, in precedence order"),
     Property("progress", "core", "no OutOfBlocks while enough blocks are free"),
+    Property(
+        "engine-errors",
+        "core",
+        "every adapter call returns the documented type in time and raises only the spec's typed errors",
+    ),
     Property("maximal-hits", "maximal", "without eviction pressure, no hit is shorter than the spec's"),
     Property(
         "policy-hits", "lru", "hit lengths (and reset results) equal the spec's, eviction included", "policy"
@@ -85,10 +90,12 @@ PROPERTY_BY_NAME: dict[str, Property] = {p.name: p for p in PROPERTIES}
 
 
 class Violation(AssertionError):
-    """A property does not hold. ``prop`` is one of :data:`PROPERTY_NAMES`."""
+    """A property does not hold. ``prop`` is one of :data:`PROPERTY_NAMES`; ``detail`` carries
+    what helps to debug it (the engine's traceback for ``engine-errors``)."""
 
-    def __init__(self, prop: str, message: str) -> None:
+    def __init__(self, prop: str, message: str, detail: str = "") -> None:
         assert prop in PROPERTY_BY_NAME, prop
         self.prop = prop
         self.message = message
+        self.detail = detail
         super().__init__(f"[{prop}] {message}")

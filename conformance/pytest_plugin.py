@@ -16,6 +16,7 @@ are reported as pytest skips with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,11 @@ from typing import Any
 import pytest
 
 from .properties import PROFILES, PROPERTIES
-from .protocol import AdapterFactory
+from .protocol import AdapterFactory, Capabilities
 from .stateful import StatefulReport, run_conformance
-from .suite import load_engine
+from .suite import DEFAULT_EXAMPLES, load_engine, probe_capabilities
 from .vectors import VECTOR_DIR, VectorFormatError, load_dir, run_case
+from .watchdog import DEFAULT_CALL_TIMEOUT, limit_in_process_calls
 
 
 class PagedprefixConformanceWarning(pytest.PytestWarning):
@@ -61,9 +63,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also run the vector files under DIR (repeatable)",
     )
     group.addoption(
-        "--pagedprefix-max-examples", type=int, default=100, help="stateful examples (default: 100)"
+        "--pagedprefix-max-examples",
+        type=int,
+        default=DEFAULT_EXAMPLES,
+        help=f"stateful examples (default: {DEFAULT_EXAMPLES})",
     )
-    group.addoption("--pagedprefix-seed", type=int, default=0, help="Hypothesis seed (default: 0)")
+    group.addoption("--pagedprefix-seed", type=int, default=0, help="the run's seed (default: 0)")
+    group.addoption(
+        "--pagedprefix-call-timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT,
+        help=f"seconds one engine call may take (default: {DEFAULT_CALL_TIMEOUT:g})",
+    )
+    group.addoption(
+        "--pagedprefix-in-process",
+        action="store_true",
+        help="run a module:factory engine in this process (default: in a worker process)",
+    )
 
 
 class _Session:
@@ -74,23 +90,45 @@ class _Session:
         self.engine: str = config.getoption("--pagedprefix-engine")
         self.profile: str = config.getoption("--pagedprefix-profile")
         self._factory: AdapterFactory | None = None
+        self._caps: Capabilities | None = None
         self._stateful: StatefulReport | None = None
 
     @property
     def factory(self) -> AdapterFactory:
         if self._factory is None:
-            self._factory = load_engine(self.engine)
+            in_process = self.config.getoption("--pagedprefix-in-process")
+            self._factory = load_engine(
+                self.engine, isolate=False if in_process else None, call_timeout=self.call_timeout
+            )
         return self._factory
+
+    @property
+    def call_timeout(self) -> float:
+        value: float = self.config.getoption("--pagedprefix-call-timeout")
+        return value
+
+    def limits(self) -> contextlib.AbstractContextManager[None]:
+        """The per-call limit for an engine in this process (a worker enforces its own)."""
+        isolated = getattr(self.factory, "isolated", False)
+        return limit_in_process_calls(None if isolated else self.call_timeout)
+
+    @property
+    def caps(self) -> Capabilities:
+        if self._caps is None:
+            with self.limits():
+                self._caps = probe_capabilities(self.factory)
+        return self._caps
 
     def stateful(self) -> StatefulReport:
         if self._stateful is None:
-            self._stateful = run_conformance(
-                self.factory,
-                profile=self.profile,
-                max_examples=self.config.getoption("--pagedprefix-max-examples"),
-                seed_value=self.config.getoption("--pagedprefix-seed"),
-                echo=None,
-            )
+            with self.limits():
+                self._stateful = run_conformance(
+                    self.factory,
+                    profile=self.profile,
+                    max_examples=self.config.getoption("--pagedprefix-max-examples"),
+                    seed_value=self.config.getoption("--pagedprefix-seed"),
+                    echo=None,
+                )
         return self._stateful
 
 
@@ -108,11 +146,14 @@ class VectorItem(pytest.Item):
         self.state = state
 
     def runtest(self) -> None:
-        result = run_case(self.state.factory, self.case, self.state.profile, self.group)
+        state = self.state
+        with state.limits():
+            result = run_case(state.factory, self.case, state.profile, self.group, state.caps)
         if result.status == "skip":
             pytest.skip(f"skipped by capability: {result.message}")
         if result.status == "fail":
-            raise ConformanceFailure(f"[{result.prop}] {result.message}")
+            detail = f"\n\n{result.detail}" if result.detail else ""
+            raise ConformanceFailure(f"[{result.prop}] {result.message}{detail}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, ConformanceFailure):

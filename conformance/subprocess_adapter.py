@@ -5,21 +5,23 @@ line, one JSON response per line, in order. ``python -m pagedprefix.conformance.
 is the reference server (it serves any Python adapter), and ``--engine jsonl:COMMAND`` selects a
 server on the command line.
 
-Protocol (version 1)
---------------------
+Protocol (version 2; servers speaking version 1 are still driven)
+------------------------------------------------------------------
 Request: ``{"id": N, "method": M, "params": {...}}``. Response: ``{"id": N, "result": R}`` or
-``{"id": N, "error": {"kind": K, "message": "..."}}`` where ``K`` is a spec error class name
-(``InvalidConfig``, ``InvalidRequestId``, ``DuplicateRequest``, ``UnknownRequest``,
-``InvalidTokens``, ``InvalidExtras``, ``OutOfBlocks``) or anything else for an engine failure.
-Values use the vector JSON forms (``pagedprefix.conformance.codec``): request ids and tokens as
-JSON values, extras as ``{"lora": {"name", "id"}, "cache_salt", "mm_items": [...],
-"prompt_embeds": {"positions", "data": [hex]}}``.
+``{"id": N, "error": {"kind": K, "message": "...", "traceback": "..."}}`` where ``K`` is a spec
+error class name (``InvalidConfig``, ``InvalidRequestId``, ``DuplicateRequest``,
+``UnknownRequest``, ``InvalidTokens``, ``InvalidExtras``, ``OutOfBlocks``), ``UnsupportedConfig``
+(``create`` only), ``EngineUnavailable`` (``hello`` only: the server cannot load its engine), or
+anything else for an engine failure (``traceback`` optional, shown in the report). Values use the
+vector JSON forms (``pagedprefix.conformance.codec``): request ids and tokens as JSON values,
+extras as ``{"lora": {"name", "id"}, "cache_salt", "mm_items": [...], "prompt_embeds":
+{"positions", "data": [hex]}}``.
 
 ==================  ====================================  ==========================================
 method              params                                result
 ==================  ====================================  ==========================================
 hello               {}                                    {"protocol": "pagedprefix-jsonl",
-                                                          "version": 1}
+                                                          "version": 2}
 create              {"config": {CacheConfig fields}}      {"handle": H, "capabilities": {...}}
 drop                {"handle"}                            null
 allocate            {"handle", "request_id", "tokens",    {"num_computed_tokens", "block_table"}
@@ -35,8 +37,23 @@ ref_cnt             {"handle", "block_id"}                {"ref_cnt"}
 free_blocks         {"handle"}                            {"free_blocks"}
 block_hash          {"handle", "block_id"}                {"block_hash": hex or null}
 step                {"handle"}                            null
+observe (v2)        {"handle", "request_ids",             {"num_free_blocks", "tables": [[id,
+                    "ref_cnt", "free_blocks", "keys"}     table]], "ref_cnt"?, "free_blocks"?,
+                                                          "keys"?: [[id, [hex|null]]]}
+spell_extras (v2)   {"handle", "extras"}                  {kind: str} (``spells_extras`` engines)
 shutdown            {}                                    null, then the server exits
 ==================  ====================================  ==========================================
+
+``observe`` answers every observation of one step in one round trip (an error in any of them is
+the reply's error). A version-1 server gets the single observations instead.
+
+Time limits. Every reply must arrive within the call limit (``call_timeout``, 10 s by default;
+``hello`` and ``create`` get ``start_timeout``, 120 s, for imports). A server that is silent for
+longer, or answers with something that is not a JSON reply to the request, is killed together
+with its whole process group (it runs in a new session), and the call raises
+:class:`~pagedprefix.conformance.watchdog.EngineHung` or :class:`EngineProcessError`. The group is
+killed on every exit path (``close()``, interpreter exit). The server's stderr goes to a private
+temporary file whose tail is quoted in those errors.
 
 ``capabilities`` is the JSON form of :class:`~pagedprefix.conformance.protocol.Capabilities`
 (missing fields take their defaults). A server may hold a single cache at a time: the suite
@@ -48,90 +65,203 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
+import select
+import signal
 import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId
 
 from .codec import Json, config_to_json, make_error
-from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter
+from .protocol import AdapterFactory, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
+from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
 
 PROTOCOL = "pagedprefix-jsonl"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+MAX_LINE = 64 * 1024 * 1024
+STDERR_TAIL = 2000
 
 
 class EngineProcessError(RuntimeError):
     """The engine process died, answered out of order, or sent something that is not JSON."""
 
 
-class JsonLinesProcess:
-    """A running engine server and its request/response channel."""
+class RemoteEngineError(RuntimeError):
+    """The engine raised something that is not a spec error; ``remote_traceback`` is its traceback."""
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+class JsonLinesProcess:
+    """A running engine server (in its own process group) and its request/response channel."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+    ) -> None:
         self.argv = list(argv)
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,
-            text=True,
-            encoding="utf-8",
-            bufsize=1,
-            env=env,
-        )
+        self.call_timeout = call_timeout
+        self.start_timeout = start_timeout
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._stderr.close()
+            raise EngineUnavailable(f"cannot start {self.argv[0]!r}: {exc}") from exc
+        self._buffer = b""
         self._next = 0
         self._lock = threading.Lock()
-        hello = self.call("hello", {})
-        if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
-            self.close()
-            raise EngineProcessError(f"{self.argv[0]} does not speak {PROTOCOL}: {hello!r}")
-        if hello.get("version") != PROTOCOL_VERSION:
-            self.close()
-            raise EngineProcessError(
-                f"protocol version {hello.get('version')!r}, expected {PROTOCOL_VERSION}"
-            )
+        atexit.register(self.kill)
+        self.version = self._hello()
 
-    def call(self, method: str, params: dict[str, Json]) -> Json:
-        """Send one request and wait for its response; raise the error it carries."""
+    def _hello(self) -> int:
+        try:
+            hello = self.call("hello", {}, self.start_timeout)
+        except EngineUnavailable:
+            self.kill()
+            raise
+        except (EngineProcessError, EngineHung, RemoteEngineError) as exc:
+            self.kill()
+            raise EngineProcessError(f"{self.argv[0]} does not speak {PROTOCOL}: {exc}") from None
+        if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
+            self.kill()
+            raise EngineProcessError(f"{self.argv[0]} does not speak {PROTOCOL}: {hello!r:.200}")
+        version = hello.get("version")
+        if version not in SUPPORTED_VERSIONS:
+            self.kill()
+            raise EngineProcessError(f"protocol version {version!r}, expected one of {SUPPORTED_VERSIONS}")
+        assert isinstance(version, int)
+        return version
+
+    def stderr_tail(self) -> str:
+        """The last lines the server wrote to stderr."""
+        with contextlib.suppress(OSError, ValueError):
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - STDERR_TAIL))
+            return self._stderr.read().decode("utf-8", "replace").strip()
+        return ""
+
+    def _why(self) -> str:
+        tail = self.stderr_tail()
+        return f"engine stderr: ...{tail[-STDERR_TAIL:]}" if tail else ""
+
+    def _readline(self, method: str, timeout: float) -> bytes:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise EngineHung(method, timeout, self._why())
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise EngineProcessError(
+                    f"engine process {self.argv[0]} closed its output during {method} "
+                    f"(exit status {self.proc.poll()}) {self._why()}".rstrip()
+                )
+            self._buffer += chunk
+            if len(self._buffer) > MAX_LINE:
+                self.kill()
+                raise EngineProcessError(f"a reply of more than {MAX_LINE} bytes without a newline")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def call(self, method: str, params: dict[str, Json], timeout: float | None = None) -> Json:
+        """Send one request and wait (at most the call limit) for its response; raise the error
+        it carries (the spec's typed errors, ``UnsupportedConfig``, ``EngineUnavailable``,
+        :class:`RemoteEngineError`)."""
+        limit = self.call_timeout if timeout is None else timeout
         with self._lock:
-            if self.proc.poll() is not None or self.proc.stdin is None or self.proc.stdout is None:
-                raise EngineProcessError(f"engine process {self.argv[0]} has exited ({self.proc.returncode})")
+            if self.proc.poll() is not None or self.proc.stdin is None:
+                why = f"engine process {self.argv[0]} has exited ({self.proc.returncode}) {self._why()}"
+                raise EngineProcessError(why.rstrip())
             self._next += 1
             rid = self._next
             try:
-                self.proc.stdin.write(json.dumps({"id": rid, "method": method, "params": params}) + "\n")
+                self.proc.stdin.write(
+                    (json.dumps({"id": rid, "method": method, "params": params}) + "\n").encode()
+                )
                 self.proc.stdin.flush()
-                line = self.proc.stdout.readline()
             except (BrokenPipeError, OSError) as exc:
-                raise EngineProcessError(f"engine process {self.argv[0]}: {exc}") from exc
-        if not line:
-            raise EngineProcessError(f"engine process {self.argv[0]} closed its output during {method}")
+                raise EngineProcessError(
+                    f"engine process {self.argv[0]}: {exc} {self._why()}".rstrip()
+                ) from exc
+            line = self._readline(method, limit)
         try:
             reply = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            self.kill()
             raise EngineProcessError(f"not JSON from the engine: {line[:200]!r}") from exc
         if not isinstance(reply, dict) or reply.get("id") != rid:
+            self.kill()
             raise EngineProcessError(f"reply {line[:200]!r} does not answer request {rid}")
         if "error" in reply:
-            err = reply["error"] if isinstance(reply["error"], dict) else {"kind": "EngineError"}
-            raise make_error(str(err.get("kind")), str(err.get("message", "")), err)
+            raise _error(reply["error"])
         return reply.get("result")
 
+    def kill(self) -> None:
+        """Kill the server's whole process group (idempotent)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            self.proc.wait(timeout=5)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+        with contextlib.suppress(OSError):
+            self._stderr.close()
+
     def close(self) -> None:
-        """Ask the server to exit, then make sure it does."""
-        if self.proc.poll() is None:
-            try:
-                if self.proc.stdin is not None:
-                    self.proc.stdin.write(json.dumps({"id": 0, "method": "shutdown", "params": {}}) + "\n")
-                    self.proc.stdin.close()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        """Ask the server to exit (briefly), then kill its process group whatever it did."""
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.write(
+                    (json.dumps({"id": 0, "method": "shutdown", "params": {}}) + "\n").encode()
+                )
+                self.proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=2)
+        self.kill()
+
+
+def _error(err: Json) -> Exception:
+    """The exception a reply's ``error`` object stands for."""
+    if not isinstance(err, dict):
+        return RemoteEngineError(f"malformed error reply: {err!r:.200}")
+    kind, message = str(err.get("kind")), str(err.get("message", ""))
+    if kind == "UnsupportedConfig":
+        return UnsupportedConfig(message)
+    if kind == "EngineUnavailable":
+        return EngineUnavailable(message)
+    made = make_error(kind, message, err)
+    if isinstance(made, RuntimeError) and type(made) is RuntimeError:
+        trace = err.get("traceback")
+        return RemoteEngineError(f"{kind}: {message}", trace if isinstance(trace, str) else "")
+    return made
 
 
 def extras_json(extras: Any) -> Json:
@@ -183,9 +313,9 @@ class SubprocessAdapter:
 
     def __init__(self, process: JsonLinesProcess, config: CacheConfig) -> None:
         self.process = process
-        created = process.call("create", {"config": config_to_json(config)})
+        created = process.call("create", {"config": config_to_json(config)}, process.start_timeout)
         if not isinstance(created, dict) or "handle" not in created:
-            raise EngineProcessError(f"create returned {created!r}")
+            raise EngineProcessError(f"create returned {created!r:.200}")
         self.handle = created["handle"]
         self.capabilities = Capabilities.from_json(created.get("capabilities") or {})
         self._closed = False
@@ -213,22 +343,23 @@ class SubprocessAdapter:
 
     def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
         r = self._call("lookup", tokens=_plain(tokens), extras=extras_json(extras))
-        return int(r["num_computed_tokens"])
+        value: int = r["num_computed_tokens"]
+        return value
 
     def reset_prefix_cache(self) -> bool:
-        r = self._call("reset_prefix_cache")
-        value = r["reset"]
-        assert isinstance(value, bool)
+        value: bool = self._call("reset_prefix_cache")["reset"]
         return value
 
     def block_table(self, request_id: RequestId) -> tuple[int, ...]:
         return tuple(self._call("block_table", request_id=_plain(request_id))["block_table"])
 
     def num_free_blocks(self) -> int:
-        return int(self._call("num_free_blocks")["num_free_blocks"])
+        value: int = self._call("num_free_blocks")["num_free_blocks"]
+        return value
 
     def ref_cnt(self, block_id: int) -> int:
-        return int(self._call("ref_cnt", block_id=block_id)["ref_cnt"])
+        value: int = self._call("ref_cnt", block_id=block_id)["ref_cnt"]
+        return value
 
     def free_blocks(self) -> tuple[int, ...]:
         return tuple(self._call("free_blocks")["free_blocks"])
@@ -237,27 +368,57 @@ class SubprocessAdapter:
         value = self._call("block_hash", block_id=block_id)["block_hash"]
         return None if value is None else bytes.fromhex(value)
 
+    def spell_extras(self, extras: Extras) -> dict[str, str]:
+        value = self._call("spell_extras", extras=extras_json(extras))
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise EngineProcessError(f"spell_extras returned {value!r:.200}")
+        return {str(k): v for k, v in value.items()}
+
     def step(self) -> None:
         self._call("step")
+
+    def observe_batch(
+        self, request_ids: list[RequestId], ref_cnt: bool, free_blocks: bool, keys: bool
+    ) -> dict[str, Json] | None:
+        """Every observation of one step in one round trip (protocol 2); ``None`` from a
+        version-1 server (the caller then asks one by one)."""
+        if self.process.version < 2:
+            return None
+        params = {
+            "request_ids": _plain(request_ids),
+            "ref_cnt": ref_cnt,
+            "free_blocks": free_blocks,
+            "keys": keys,
+        }
+        value = self._call("observe", **params)
+        if not isinstance(value, dict):
+            raise EngineProcessError(f"observe returned {value!r:.200}")
+        return value
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            with contextlib.suppress(EngineProcessError):
+            with contextlib.suppress(EngineProcessError, EngineHung, RemoteEngineError):
                 self._call("drop")
 
 
-def subprocess_factory(argv: Sequence[str], env: dict[str, str] | None = None) -> AdapterFactory:
+def subprocess_factory(
+    argv: Sequence[str],
+    env: dict[str, str] | None = None,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
+) -> AdapterFactory:
     """A factory whose adapters live in one engine server started from ``argv`` on first use
-    (and stopped at interpreter exit, or by ``factory.close()``)."""
+    (restarted if it died; stopped at interpreter exit, or by ``factory.close()``)."""
     state: dict[str, JsonLinesProcess] = {}
 
     def process() -> JsonLinesProcess:
         proc = state.get("proc")
         if proc is None or proc.proc.poll() is not None:
-            proc = JsonLinesProcess(argv, env)
+            if proc is not None:
+                proc.kill()
+            proc = JsonLinesProcess(argv, env, call_timeout, start_timeout)
             state["proc"] = proc
-            atexit.register(proc.close)
         return proc
 
     def factory(config: CacheConfig) -> PrefixCacheAdapter:
@@ -268,5 +429,11 @@ def subprocess_factory(argv: Sequence[str], env: dict[str, str] | None = None) -
         if proc is not None:
             proc.close()
 
+    def hello() -> None:
+        """Start the server now (so that an engine that cannot be loaded is reported first)."""
+        process()
+
     factory.close = close  # type: ignore[attr-defined]
+    factory.start = hello  # type: ignore[attr-defined]
+    factory.isolated = True  # type: ignore[attr-defined]
     return factory

@@ -11,7 +11,10 @@ Extra check groups (e.g. a replay slice of a real trace) plug in with
 
 from __future__ import annotations
 
+import inspect
+import os
 import shlex
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -19,10 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .properties import PROPERTIES, profile_rank
-from .protocol import EXTRA_KIND_ORDER, AdapterFactory, Capabilities, EngineUnavailable, import_factory
-from .stateful import PROBE_CONFIG, StatefulReport, run_conformance
+from pagedprefix.spec import CacheConfig, PrefixCacheError
+
+from .properties import PROPERTIES, Violation, profile_rank
+from .protocol import (
+    EXTRA_KIND_ORDER,
+    AdapterFactory,
+    Capabilities,
+    EngineUnavailable,
+    UnsupportedConfig,
+    import_factory,
+)
+from .stateful import PROBE_BLOCK_SIZES, StatefulReport, probe, run_conformance
 from .vectors import VectorRunReport, run_vectors
+from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung, limit_in_process_calls
 
 ENGINE_SHORT_NAMES: dict[str, str] = {
     "impl": "pagedprefix.conformance.adapters:impl",
@@ -51,18 +64,33 @@ class CheckResult:
         }
 
 
+DEFAULT_EXAMPLES = 600
+"""Stateful examples of a default run (what makes every bug class of the kill table fall under
+every seed, conformance/README.md), well under a minute for an engine as fast as ``impl``."""
+DEFAULT_TIME_BUDGET = 600.0
+"""The safety stop of a default run, in seconds (the run is defined by its example count)."""
+
+
 @dataclass(frozen=True)
 class SuiteOptions:
-    """What a suite run does."""
+    """What a suite run does.
+
+    ``time_budget`` is a safety stop (seconds): when it fires, no new stateful chunk starts and
+    the report is ``incomplete``. ``call_timeout``: seconds an in-process adapter call may take
+    (a worker-process engine gets its limit from :func:`load_engine`). ``database``: a directory
+    for Hypothesis's example database (none by default: nothing is written anywhere).
+    """
 
     profile: str = "exact"
     seed: int = 0
-    max_examples: int = 150
+    max_examples: int = DEFAULT_EXAMPLES
     steps: int = 30
-    time_budget: float | None = 40.0
+    time_budget: float | None = DEFAULT_TIME_BUDGET
     vector_dirs: tuple[Path, ...] = ()
     builtin_vectors: bool = True
     stateful: bool = True
+    call_timeout: float | None = DEFAULT_CALL_TIMEOUT
+    database: Path | None = None
 
 
 CheckGroup = Callable[[AdapterFactory, SuiteOptions], list[CheckResult]]
@@ -95,6 +123,19 @@ class SuiteReport:
     def ok(self) -> bool:
         return not self.errors and all(r.status != "fail" for r in self.rows)
 
+    @property
+    def incomplete(self) -> bool:
+        """The time budget stopped the stateful run before every planned example ran."""
+        return self.stateful is not None and self.stateful.incomplete
+
+    @property
+    def exit_code(self) -> int:
+        """0 every check passed (or was skipped by capability), 1 any failure (engine
+        misbehaviour included), 3 no failure but the run is incomplete (time budget)."""
+        if not self.ok:
+            return 1
+        return 3 if self.incomplete else 0
+
     def never_ran(self) -> list[tuple[str, str]]:
         """Vector cases that were not run, with the reason."""
         if self.vectors is None:
@@ -108,6 +149,8 @@ class SuiteReport:
             "profile": self.options.profile,
             "seed": self.options.seed,
             "ok": self.ok,
+            "incomplete": self.incomplete,
+            "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
             "capabilities": None if self.capabilities is None else self.capabilities.to_json(),
             "errors": self.errors,
@@ -126,9 +169,16 @@ class SuiteReport:
             if self.stateful is None
             else {
                 "examples": self.stateful.examples,
+                "planned": self.stateful.planned,
                 "seconds": round(self.stateful.seconds, 3),
                 "counterexamples": [
-                    {"property": f.prop, "message": f.message, "sequence": f.sequence, "vector": f.vector}
+                    {
+                        "property": f.prop,
+                        "message": f.message,
+                        "sequence": f.sequence,
+                        "vector": f.vector,
+                        "detail": f.detail,
+                    }
                     for f in self.stateful.failures()
                 ],
             },
@@ -138,32 +188,86 @@ class SuiteReport:
 # ----- engines ------------------------------------------------------------------------------------
 
 
-def load_engine(name: str) -> AdapterFactory:
-    """The factory an engine name denotes: ``impl``, ``spec``, ``module:attr`` (``attr`` may be
-    dotted) or ``jsonl:COMMAND`` (an engine in another language speaking the JSON-lines protocol).
+BUILTIN_ENGINES = frozenset({"impl", "spec", "radix"})
+"""pagedprefix's own engines: run in this process by default (every other one in a worker)."""
+WORKER = ("-m", "pagedprefix.conformance.jsonl_server")
 
-    Raises :class:`EngineUnavailable` with the reason.
+
+def load_engine(
+    name: str,
+    *,
+    isolate: bool | None = None,
+    paths: Sequence[Path] = (),
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
+) -> AdapterFactory:
+    """The factory an engine name denotes: ``impl``, ``spec``, ``radix``, ``module:attr`` (``attr``
+    may be dotted) or ``jsonl:COMMAND`` (an engine in another language speaking the JSON-lines
+    protocol).
+
+    ``isolate`` (default: every engine but pagedprefix's own) serves the engine from a worker
+    process, ``python -m pagedprefix.conformance.jsonl_server``, in its own process group, so that
+    a call that does not return within ``call_timeout`` seconds is stopped
+    (:mod:`pagedprefix.conformance.watchdog`); the engine module is imported there, and the worker
+    is started now so that an engine that cannot be loaded is reported at once. ``paths`` are
+    searched for the engine's module first; the current directory is searched last.
+
+    Raises :class:`EngineUnavailable` with the reason (a user error: a name that cannot be
+    imported, is not callable or does not take one config); the worker's own failures raise
+    :class:`~pagedprefix.conformance.subprocess_adapter.EngineProcessError` or
+    :class:`~pagedprefix.conformance.watchdog.EngineHung`.
     """
-    if name.startswith("jsonl:"):
-        from .subprocess_adapter import subprocess_factory
+    from .subprocess_adapter import subprocess_factory
 
+    search = [str(Path(p).resolve()) for p in paths]
+    if name.startswith("jsonl:"):
         argv = shlex.split(name[len("jsonl:") :])
         if not argv:
             raise EngineUnavailable("jsonl: needs a command, e.g. jsonl:./my-engine --serve")
-        return subprocess_factory(argv)
-    factory: AdapterFactory = import_factory(name, ENGINE_SHORT_NAMES)
+        return subprocess_factory(argv, None, call_timeout, start_timeout)
+    if isolate is None:
+        isolate = name not in BUILTIN_ENGINES
+    if not isolate:
+        for p in reversed(search):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
+        return checked_factory(name, import_factory(name, ENGINE_SHORT_NAMES))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*search, *filter(None, [env.get("PYTHONPATH")])])
+    env[WORKER_ENV] = "1"
+    factory = subprocess_factory(
+        [sys.executable, *WORKER, "--engine", name], env, call_timeout, start_timeout
+    )
+    factory.start()  # type: ignore[attr-defined]
     return factory
 
 
-def probe_capabilities(factory: AdapterFactory) -> Capabilities:
-    """The capabilities an engine declares for a small default config."""
-    from .protocol import close_adapter
+WORKER_ENV = "PAGEDPREFIX_WORKER"
 
-    adapter = factory(PROBE_CONFIG)
+
+def checked_factory(name: str, obj: Callable[..., Any]) -> AdapterFactory:
+    """``obj`` if it can be called with one config; :class:`EngineUnavailable` otherwise."""
     try:
-        return adapter.capabilities
-    finally:
-        close_adapter(adapter)
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return obj  # no signature to check (a builtin): the first call will tell
+    try:
+        signature.bind(CacheConfig(block_size=1, num_blocks=1))
+    except TypeError as exc:
+        raise EngineUnavailable(
+            f"engine {name!r} is not a factory (config -> adapter): it cannot be called with one "
+            f"config ({exc})"
+        ) from None
+    return obj
+
+
+def probe_capabilities(factory: AdapterFactory) -> Capabilities:
+    """The capabilities an engine declares (probed as :func:`pagedprefix.conformance.stateful.probe`
+    does: the first block size the factory supports)."""
+    caps, _ = probe(factory)
+    return caps
 
 
 # ----- the run ------------------------------------------------------------------------------------
@@ -241,60 +345,113 @@ def run_suite(
 
     ``progress(phase, done, total)`` is called as work completes (phase ``vectors`` or
     ``stateful``). ``extra_groups`` defaults to the registered :data:`EXTRA_CHECK_GROUPS`.
+    Engine misbehaviour is a verdict, never an exception: an adapter call that raises something
+    other than a spec error or returns the wrong type gives ``engine-errors`` rows; one that does
+    not return in time an ``engine-errors`` FAIL row, and the run ends there. Raises
+    ``ValueError`` only for an unknown profile.
     """
     profile_rank(options.profile)
     start = time.perf_counter()
     report = SuiteReport(engine_name, options)
-    try:
-        report.capabilities = probe_capabilities(factory)
-    except Exception as exc:
-        report.errors.append(f"cannot build the engine: {type(exc).__name__}: {exc}")
-        report.seconds = time.perf_counter() - start
-        return report
-    caps = report.capabilities
+    limit = None if getattr(factory, "isolated", False) else options.call_timeout
+    with limit_in_process_calls(limit):
+        try:
+            _run_all(factory, options, report, progress, extra_groups, start)
+        except EngineHung as hung:
+            detail = f"{hung}; the run ended here"
+            report.rows.append(CheckResult("engine-errors", "property", "fail", detail, hung.detail or None))
+    report.seconds = time.perf_counter() - start
+    return report
 
-    def vec_progress(done: int, total: int) -> None:
-        if progress is not None:
-            progress("vectors", done, total)
+
+def _run_all(
+    factory: AdapterFactory,
+    options: SuiteOptions,
+    report: SuiteReport,
+    progress: Callable[[str, int, int], None] | None,
+    extra_groups: Sequence[tuple[str, CheckGroup]] | None,
+    start: float,
+) -> None:
+    caps = _probe(factory, report)
+    if caps is None:
+        return
+    report.capabilities = caps
+
+    def phase(name: str) -> Callable[[int, int], None]:
+        def update(done: int, total: int) -> None:
+            if progress is not None:
+                progress(name, done, total)
+
+        return update
 
     report.vectors = run_vectors(
-        factory, options.profile, options.vector_dirs, options.builtin_vectors, vec_progress
+        factory, options.profile, options.vector_dirs, options.builtin_vectors, phase("vectors"), caps
     )
     if options.stateful:
-        remaining = None
-        if options.time_budget is not None:
-            remaining = max(1.0, options.time_budget - (time.perf_counter() - start))
-
-        def st_progress(done: int, total: int) -> None:
-            if progress is not None:
-                progress("stateful", done, total)
-
-        report.stateful = run_conformance(
-            factory,
-            profile=options.profile,
-            seed_value=options.seed,
-            max_examples=options.max_examples,
-            steps=options.steps,
-            time_budget=remaining,
-            progress=st_progress,
-            echo=None,
-        )
+        report.stateful = _run_stateful(factory, options, phase("stateful"), start)
         report.errors.extend(report.stateful.errors)
         for p in report.stateful.properties:
-            cex = None if p.failure is None else "Minimal operation sequence:\n" + p.failure.sequence
+            cex = None if p.failure is None else _counterexample(p.failure.sequence, p.failure.detail)
             report.rows.append(CheckResult(p.name, "property", p.status, p.detail, cex))
     else:
         for prop in PROPERTIES:
             report.rows.append(CheckResult(prop.name, "property", "skip", "stateful runner not run"))
     report.rows.extend(_vector_rows(report.vectors))
+    if report.stateful is not None and report.stateful.hung is not None:
+        return
     for name, group in EXTRA_CHECK_GROUPS if extra_groups is None else extra_groups:
         try:
             report.rows.extend(group(factory, options))
+        except EngineHung:
+            raise
         except Exception as exc:
             report.rows.append(CheckResult(name, "group", "fail", f"{type(exc).__name__}: {exc}"))
     report.rows.extend(_capability_rows(caps, options.profile))
-    report.seconds = time.perf_counter() - start
-    return report
+
+
+def _counterexample(sequence: str, detail: str) -> str:
+    text = "Minimal operation sequence:\n" + sequence
+    return f"{text}\n\n{detail}" if detail else text
+
+
+def _probe(factory: AdapterFactory, report: SuiteReport) -> Capabilities | None:
+    """The engine's capabilities; ``None`` (and a FAIL row) when it cannot even be built."""
+    try:
+        caps, _ = probe(factory)
+        return caps
+    except UnsupportedConfig as exc:
+        message = f"the factory rejects every probe config (block sizes {PROBE_BLOCK_SIZES}): {exc}"
+        report.rows.append(CheckResult("engine-errors", "property", "fail", message))
+    except PrefixCacheError as exc:
+        message = f"the factory raised {type(exc).__name__} for a valid probe config: {exc}"
+        report.rows.append(CheckResult("engine-errors", "property", "fail", message))
+    except Violation as v:
+        report.rows.append(CheckResult("engine-errors", "property", "fail", v.message, v.detail or None))
+    return None
+
+
+def _run_stateful(
+    factory: AdapterFactory, options: SuiteOptions, progress: Callable[[int, int], None], start: float
+) -> StatefulReport:
+    remaining = None
+    if options.time_budget is not None:
+        remaining = max(1.0, options.time_budget - (time.perf_counter() - start))
+    database = None
+    if options.database is not None:
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        database = DirectoryBasedExampleDatabase(str(options.database))
+    return run_conformance(
+        factory,
+        profile=options.profile,
+        seed_value=options.seed,
+        max_examples=options.max_examples,
+        steps=options.steps,
+        time_budget=remaining,
+        database=database,
+        progress=progress,
+        echo=None,
+    )
 
 
 # ----- rendering ----------------------------------------------------------------------------------
@@ -303,35 +460,77 @@ def run_suite(
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 
 
+def row_label(row: CheckResult) -> str:
+    """``pass``, ``FAIL``, ``skipped`` or ``skipped (capability)``."""
+    if row.status == "skip" and (
+        row.kind == "capability" or "capability" in row.detail or "claims" in row.detail
+    ):
+        return "skipped (capability)"
+    return {"pass": "pass", "fail": "FAIL", "skip": "skipped"}.get(row.status, row.status)
+
+
+def verdict_line(report: SuiteReport) -> str:
+    """``PASS``, ``FAIL`` or ``INCOMPLETE`` with the time and, when incomplete, the examples run."""
+    if not report.ok:
+        verdict = "FAIL"
+    elif report.incomplete:
+        st = report.stateful
+        assert st is not None
+        verdict = f"INCOMPLETE ({st.examples} of {st.planned} stateful examples: the time budget fired)"
+    else:
+        verdict = "PASS"
+    return f"{verdict} in {report.seconds:.1f}s"
+
+
+def _notes(report: SuiteReport) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if report.capabilities is not None:
+        out.append(("capabilities", str(report.capabilities.to_json())))
+    never = report.never_ran()
+    if never:
+        out.append(("note", f"{len(never)} vector cases never ran (see --json for the list)"))
+    if report.vectors is not None:
+        out.extend(("note", note) for note in report.vectors.notes)
+    out.extend(("error", err) for err in report.errors)
+    return out
+
+
 def render_report(report: SuiteReport, console: Any) -> None:
     """Print ``report`` as a rich table (``console`` is a ``rich.console.Console``)."""
+    from rich.markup import escape
     from rich.table import Table
 
-    caps = report.capabilities
     title = f"pagedprefix conformance: {report.engine or 'engine'} at profile {report.options.profile}"
-    table = Table(title=title, show_lines=False)
+    table = Table(title=escape(title), show_lines=False)
     table.add_column("check")
     table.add_column("result")
     table.add_column("detail", overflow="fold")
     table.add_column("first counterexample", overflow="fold")
     for row in report.rows:
         style = STATUS_STYLE.get(row.status, "")
-        label = {"pass": "pass", "fail": "FAIL", "skip": "skipped"}.get(row.status, row.status)
-        if row.status == "skip" and (
-            row.kind == "capability" or "capability" in row.detail or "claims" in row.detail
-        ):
-            label = "skipped (capability)"
-        table.add_row(row.name, f"[{style}]{label}[/{style}]", row.detail, row.counterexample or "")
+        label = f"[{style}]{row_label(row)}[/{style}]"
+        table.add_row(escape(row.name), label, escape(row.detail), escape(row.counterexample or ""))
     console.print(table)
-    if caps is not None:
-        console.print(f"capabilities: {caps.to_json()}")
-    never = report.never_ran()
-    if never:
-        console.print(f"[yellow]{len(never)} vector cases never ran[/yellow] (see --json for the list)")
-    if report.vectors is not None:
-        for note in report.vectors.notes:
-            console.print(f"[yellow]note:[/yellow] {note}")
-    for err in report.errors:
-        console.print(f"[bold red]error:[/bold red] {err}")
-    verdict = "[green]PASS[/green]" if report.ok else "[bold red]FAIL[/bold red]"
-    console.print(f"{verdict} in {report.seconds:.1f}s")
+    for kind, text in _notes(report):
+        console.print(f"{kind}: {escape(text)}")
+    verdict = verdict_line(report)
+    color = (
+        "green"
+        if verdict.startswith("PASS")
+        else ("yellow" if verdict.startswith("INCOMPLETE") else "bold red")
+    )
+    console.print(f"[{color}]{escape(verdict)}[/{color}]")
+
+
+def render_plain(report: SuiteReport, out: Any) -> None:
+    """Print ``report`` as plain lines (for a pipe or a log: nothing wraps, no colour codes): one
+    line per row, each failure's counterexample indented below it."""
+    out.write(f"pagedprefix conformance: {report.engine or 'engine'} at profile {report.options.profile}\n")
+    width = max((len(r.name) for r in report.rows), default=10)
+    for row in report.rows:
+        out.write(f"{row_label(row):<21} {row.name:<{width}}  {row.detail}\n")
+        if row.counterexample:
+            out.write("".join(f"    {line}\n" for line in row.counterexample.splitlines()))
+    for kind, text in _notes(report):
+        out.write(f"{kind}: {text}\n")
+    out.write(verdict_line(report) + "\n")

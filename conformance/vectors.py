@@ -46,14 +46,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagedprefix.spec import PrefixCacheError
+from pagedprefix.spec import CacheConfig, PrefixCacheError
 
 from ._scenarios import GROUPS
 from .codec import Json, config_from_json, error_kind
+from .driver import call_engine_raw
 from .judge import Lost
-from .model import EngineRun
+from .model import EngineRun, build_adapter
 from .properties import Violation
-from .protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
+from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from .vector_format import SCHEMA_VERSION, CaseBuilder, dumps, make_case, spec_version, vector_file
 
 __all__ = [
@@ -147,6 +148,7 @@ class CaseResult:
     prop: str | None = None
     message: str = ""
     vector: Json = None
+    detail: str = ""
 
 
 @dataclass
@@ -166,7 +168,9 @@ class VectorRunReport:
 
 
 def unmet_requirements(case: dict[str, Json], caps: Capabilities, profile: str) -> list[str]:
-    """The case's requirements this engine (or profile) does not meet."""
+    """The case's requirements this engine (or profile) does not meet: its ``requires`` list,
+    and what its config needs (a block and pool size the engine supports; ``weak_hash`` for a
+    ``weak8`` config, ``verify_tokens`` for one that verifies)."""
     unmet: list[str] = []
     for need in case.get("requires", []):
         if need.startswith("extra:"):
@@ -180,62 +184,117 @@ def unmet_requirements(case: dict[str, Json], caps: Capabilities, profile: str) 
                 unmet.append(need)
         else:
             unmet.append(f"{need} (unknown requirement)")
+    config = case.get("config")
+    if isinstance(config, dict) and "config_error" not in case:
+        b, n = config.get("block_size"), config.get("num_blocks")
+        if isinstance(b, int) and isinstance(n, int) and not caps.supports_geometry(b, n):
+            unmet.append(f"block_size={b}, num_blocks={n} (not among the declared sizes)")
+        if config.get("hash_algo") == "weak8" and not caps.weak_hash:
+            unmet.append("weak_hash")
+        if config.get("verify_tokens") and not caps.verify_tokens:
+            unmet.append("verify_tokens")
     return unmet
 
 
-def run_case(factory: AdapterFactory, case: dict[str, Json], profile: str, group: str = "") -> CaseResult:
-    """Run one case against a fresh engine at ``profile``'s rules."""
+def run_case(
+    factory: AdapterFactory,
+    case: dict[str, Json],
+    profile: str,
+    group: str = "",
+    caps: Capabilities | None = None,
+) -> CaseResult:
+    """Run one case against a fresh engine at ``profile``'s rules. ``caps``: the engine's
+    probed capabilities (to skip a case without building an engine for it); by default the
+    capabilities of the engine built for the case.
+
+    Only :class:`~pagedprefix.conformance.watchdog.EngineHung` escapes."""
     case_id = str(case["id"])
     try:
         config = config_from_json(case["config"])
     except (TypeError, ValueError) as exc:
         return CaseResult(case_id, group, "fail", "error-kinds", f"malformed config: {exc}")
+    if caps is not None:
+        unmet = unmet_requirements(case, caps, profile)
+        if unmet:
+            return CaseResult(case_id, group, "skip", message="needs " + ", ".join(unmet))
+    if case.get("config_error"):
+        return _run_config_error(factory, case, config, group)
     try:
-        adapter = factory(config)
+        adapter = build_adapter(factory, config)
     except UnsupportedConfig as exc:
         return CaseResult(case_id, group, "skip", message=f"config unsupported: {exc}")
     except PrefixCacheError as exc:
         kind = error_kind(exc)
-        if case.get("config_error") == kind:
-            return CaseResult(case_id, group, "pass")
-        return CaseResult(case_id, group, "fail", "error-kinds", f"factory raised {kind}: {exc}")
-    except Exception as exc:  # an engine that rejects a config with a foreign error
-        if case.get("config_error"):
-            return CaseResult(
-                case_id,
-                group,
-                "fail",
-                "error-kinds",
-                f"factory raised {type(exc).__name__}: {exc}; the spec raises InvalidConfig",
-            )
-        raise
+        return CaseResult(
+            case_id, group, "fail", "error-kinds", f"factory raised {kind} for a valid config: {exc}"
+        )
+    except Violation as v:
+        return CaseResult(case_id, group, "fail", v.prop, v.message, case, v.detail)
     try:
         unmet = unmet_requirements(case, adapter.capabilities, profile)
         if unmet:
             return CaseResult(case_id, group, "skip", message="needs " + ", ".join(unmet))
-        if case.get("config_error"):
-            return CaseResult(
-                case_id,
-                group,
-                "fail",
-                "error-kinds",
-                f"config {case['config']} was accepted; the spec raises {case['config_error']}",
-            )
-        try:
-            run = EngineRun.start(factory, config, profile, case.get("initial"), adapter=adapter)
-            for i, entry in enumerate(case["steps"]):
-                step = {k: v for k, v in entry.items() if k != "expect"}
-                try:
-                    run.do(step, entry.get("expect"))
-                except Violation as v:
-                    return CaseResult(case_id, group, "fail", v.prop, f"step {i}: {v.message}", case)
-        except Violation as v:
-            return CaseResult(case_id, group, "fail", v.prop, f"at creation: {v.message}", case)
-        except Lost as lost:  # pragma: no cover - vectors run with nothing disabled
-            return CaseResult(case_id, group, "fail", lost.prop, str(lost), case)
-        return CaseResult(case_id, group, "pass")
+        return _run_steps(factory, case, config, profile, group, adapter)
     finally:
         close_adapter(adapter)
+
+
+def _run_config_error(
+    factory: AdapterFactory, case: dict[str, Json], config: CacheConfig, group: str
+) -> CaseResult:
+    """A config the spec rejects: the factory must raise that error (engines declaring
+    ``input_errors``; the others never get here)."""
+    case_id = str(case["id"])
+    want = case["config_error"]
+    try:
+        adapter = call_engine_raw("the factory", lambda: factory(config))
+    except PrefixCacheError as exc:
+        kind = error_kind(exc)
+        if kind == want:
+            return CaseResult(case_id, group, "pass")
+        return CaseResult(
+            case_id, group, "fail", "error-kinds", f"factory raised {kind}: {exc}; the spec raises {want}"
+        )
+    except UnsupportedConfig as exc:
+        return CaseResult(
+            case_id,
+            group,
+            "fail",
+            "error-kinds",
+            f"factory raised UnsupportedConfig ({exc}); the spec raises {want}",
+        )
+    except Violation as v:
+        return CaseResult(
+            case_id, group, "fail", "error-kinds", f"{v.message}; the spec raises {want}", case, v.detail
+        )
+    close_adapter(adapter)
+    return CaseResult(
+        case_id, group, "fail", "error-kinds", f"config {case['config']} was accepted; the spec raises {want}"
+    )
+
+
+def _run_steps(
+    factory: AdapterFactory,
+    case: dict[str, Json],
+    config: CacheConfig,
+    profile: str,
+    group: str,
+    adapter: PrefixCacheAdapter,
+) -> CaseResult:
+    case_id = str(case["id"])
+    try:
+        run = EngineRun.start(factory, config, profile, case.get("initial"), adapter=adapter)
+        for i, entry in enumerate(case["steps"]):
+            step = {k: v for k, v in entry.items() if k != "expect"}
+            try:
+                run.do(step, entry.get("expect"))
+            except Violation as v:
+                return CaseResult(case_id, group, "fail", v.prop, f"step {i}: {v.message}", case, v.detail)
+    except Violation as v:
+        return CaseResult(case_id, group, "fail", v.prop, f"at creation: {v.message}", case, v.detail)
+    except Lost as lost:  # pragma: no cover - vectors run with nothing disabled
+        return CaseResult(case_id, group, "fail", lost.prop, str(lost), case)
+    return CaseResult(case_id, group, "pass")
 
 
 def run_vectors(
@@ -244,9 +303,12 @@ def run_vectors(
     directories: Iterable[Path] = (),
     builtin: bool = True,
     progress: Any = None,
+    caps: Capabilities | None = None,
 ) -> VectorRunReport:
     """Run the built-in vectors (unless ``builtin=False``) and every vector file under
-    ``directories``. ``progress(done, total)`` is called after each case when given."""
+    ``directories``. ``progress(done, total)`` is called after each case when given; ``caps``
+    (the engine's probed capabilities) lets cases it cannot run be skipped without building an
+    engine. An engine call that does not return (``EngineHung``) propagates."""
     report = VectorRunReport()
     files: list[VectorFile] = []
     dirs = ([VECTOR_DIR] if builtin else []) + [Path(d) for d in directories]
@@ -263,13 +325,7 @@ def run_vectors(
     done = 0
     for vf in files:
         for case in vf.cases:
-            try:
-                result = run_case(factory, case, profile, vf.group)
-            except Exception as exc:  # an adapter bug outside any operation: report, keep going
-                result = CaseResult(
-                    str(case.get("id")), vf.group, "fail", "error-kinds", f"{type(exc).__name__}: {exc}", case
-                )
-            report.results.append(result)
+            report.results.append(run_case(factory, case, profile, vf.group, caps))
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -22,10 +22,10 @@ def test_stateful_runner_reports_the_fault(name: str) -> None:
     factory = getattr(broken_engines, name)
     report = run_conformance(factory, profile=profile, max_examples=150, max_failures=1)
     failures = report.failures()
-    assert [f.prop for f in failures] == [prop], [f.render() for f in failures]
-    assert f"violates {prop}" in failures[0].sequence
+    assert len(failures) == 1 and failures[0].prop in prop.split("|"), [f.render() for f in failures]
+    assert f"violates {failures[0].prop}" in failures[0].sequence
     status = {p.name: p.status for p in report.properties}
-    assert status[prop] == "fail"
+    assert status[failures[0].prop] == "fail"
 
 
 @pytest.mark.parametrize("name", sorted(broken_engines.EXPECTED))
@@ -33,9 +33,9 @@ def test_vectors_report_the_fault(name: str) -> None:
     profile, prop = broken_engines.EXPECTED[name]
     report = run_vectors(getattr(broken_engines, name), profile)
     failed = {r.prop for r in report.by_status("fail")}
-    assert prop in failed
+    assert failed & set(prop.split("|"))
     # the salt engine also derives other keys; nothing else may fail
-    assert failed <= {prop, "block-keys"}
+    assert failed <= {*prop.split("|"), "block-keys"}
 
 
 @pytest.mark.parametrize("profile", ["core", "maximal"])

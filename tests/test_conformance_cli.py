@@ -53,10 +53,10 @@ def test_a_broken_engine_fails_with_the_property_and_counterexample(tmp_path: Pa
     code, text = conform(
         "--engine",
         "broken_engines:skips_cow",
+        "--path",
+        str(Path(__file__).parent),
         "--profile",
         "core",
-        "--max-examples",
-        "100",
         "--json",
         str(out),
     )

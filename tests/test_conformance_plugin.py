@@ -67,7 +67,7 @@ def test_broken_engine_fails_the_right_tests_and_xfail_file_works(tmp_path: Path
         "--pagedprefix-profile",
         "core",
         "--pagedprefix-max-examples",
-        "100",
+        "300",
         "--pagedprefix-xfail",
         str(xfail),
         "-k",

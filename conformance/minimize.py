@@ -1,0 +1,293 @@
+"""Minimal counterexamples: replay a failing operation sequence and shrink it, deterministically.
+
+The stateful runner hands over the first failing example as Hypothesis generated it
+(:class:`Found`). :func:`minimize` then replays edited versions on fresh engines and keeps every
+edit after which the *same property* still fails:
+
+1. drop chunks of steps (halves, quarters, … single steps);
+2. shrink the config: fewer blocks, a smaller block size, the default policy, the default hash;
+3. merge consecutive appends to one request into one append;
+4. simplify single steps: drop extras (all, then one kind at a time), shorten token lists.
+
+The passes repeat until none helps or the replay budget is spent. The budget is a *count* of
+replays, never a clock, so the same failure always shrinks to the same sequence.
+:func:`render_failure` prints the result with what the engine and the spec did at every step
+(the violating step included) and a ready-to-save vector.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from pagedprefix.spec import CacheConfig
+
+from .codec import Json
+from .driver import Outcome, Step, describe_step
+from .judge import Lost
+from .model import EngineRun, SpecModel, adapter_capabilities, build_adapter
+from .properties import Violation
+from .protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
+from .vector_format import SCHEMA_VERSION, dumps, make_case, spec_version
+
+DEFAULT_POLICY = ("unhashed_to_head", False)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A failing example: the property, the engine's config, the spec's config (the engine's
+    declared policy, when it differs from the config's) and the steps, without expectations."""
+
+    prop: str
+    engine_config: CacheConfig
+    model_config: CacheConfig
+    steps: list[Step]
+
+
+@dataclass
+class Replay:
+    """One replay of a step list: the violation it ends in (if any), each step with the spec's
+    expectation, and what the engine did at each step (the violating one included)."""
+
+    violation: Violation | None
+    steps: list[dict[str, Json]]
+    outcomes: list[Outcome | None]
+    initial: Json
+    config: CacheConfig | None = None
+    """The spec's config the expectations come from (the vector's config)."""
+
+
+@dataclass
+class Failure:
+    """The minimal counterexample of one property."""
+
+    prop: str
+    message: str
+    sequence: str
+    vector: dict[str, Json]
+    detail: str = ""
+
+    def render(self) -> str:
+        detail = f"\n\n{self.detail}" if self.detail else ""
+        return (
+            f"[{self.prop}] {self.message}{detail}\n\nMinimal operation sequence:\n{self.sequence}\n\n"
+            f"Ready-to-save vector (conformance/vectors schema):\n{dumps(self.vector)}"
+        )
+
+
+def model_config_for(config: CacheConfig, caps: Capabilities) -> CacheConfig:
+    """The spec's config for an engine built with ``config``: the engine's own declared spec
+    policy when it claims one that differs from the config's (it is judged by what it claims)."""
+    if not caps.claims_policy_of(config) and caps.claims_a_spec_policy():
+        assert caps.dedup_on_full is not None
+        return replace(config, free_order=caps.free_order, dedup_on_full=caps.dedup_on_full)
+    return config
+
+
+def replay(
+    factory: AdapterFactory, config: CacheConfig, steps: list[Step], profile: str, disabled: frozenset[str]
+) -> Replay:
+    """Run ``steps`` on a fresh engine built with ``config`` and the spec; stop at the first
+    violation. A config the engine does not support replays as "no violation"."""
+    try:
+        adapter = build_adapter(factory, config)
+    except UnsupportedConfig:
+        return Replay(None, [], [], None)
+    try:
+        model = SpecModel(model_config_for(config, adapter_capabilities(adapter)))
+        initial = model.observe()
+        done: list[dict[str, Json]] = []
+        outcomes: list[Outcome | None] = []
+        run: EngineRun | None = None
+        try:
+            run = EngineRun.start(factory, model.config, profile, initial, disabled, adapter=adapter)
+            for step in steps:
+                _, expect = model.do(step)
+                done.append({**step, "expect": expect})
+                outcomes.append(run.do(step, expect))
+        except Violation as v:
+            if run is not None and len(outcomes) < len(done):
+                outcomes.append(run.last_outcome)
+            return Replay(v, done, outcomes, initial, model.config)
+        except Lost:
+            return Replay(None, done, outcomes, initial, model.config)
+        return Replay(None, done, outcomes, initial, model.config)
+    finally:
+        close_adapter(adapter)
+
+
+class Shrinker:
+    """Keeps the smallest replay that still fails with ``prop`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        factory: AdapterFactory,
+        found: Found,
+        profile: str,
+        disabled: frozenset[str],
+        caps: Capabilities,
+        budget: int,
+    ) -> None:
+        self.factory = factory
+        self.prop = found.prop
+        self.profile = profile
+        self.disabled = disabled
+        self.caps = caps
+        self.budget = budget
+        self.config = found.engine_config
+        self.steps = list(found.steps)
+        self.best: Replay | None = None
+
+    def attempt(self, config: CacheConfig, steps: list[Step]) -> bool:
+        """Replay a candidate; keep it (truncated at its violation) if it still fails."""
+        if self.budget <= 0:
+            return False
+        self.budget -= 1
+        r = replay(self.factory, config, steps, self.profile, self.disabled)
+        if r.violation is None or r.violation.prop != self.prop:
+            return False
+        self.config, self.steps, self.best = config, steps[: len(r.steps)], r
+        return True
+
+    def run(self) -> Replay | None:
+        if not self.attempt(self.config, self.steps):
+            return None
+        progress = True
+        while progress and self.budget > 0:
+            progress = False
+            for shrink in (self.drop_chunks, self.shrink_config, self.merge_appends, self.simplify_steps):
+                progress = shrink() or progress
+        return self.best
+
+    def drop_chunks(self) -> bool:
+        improved = False
+        size = max(1, len(self.steps) // 2)
+        while size >= 1:
+            i = 0
+            while i < len(self.steps):
+                cand = self.steps[:i] + self.steps[i + size :]
+                if cand and self.attempt(self.config, cand):
+                    improved = True
+                else:
+                    i += size
+            size //= 2
+        return improved
+
+    def shrink_config(self) -> bool:
+        improved = False
+        for cand in self._smaller_configs():
+            if self.attempt(cand, self.steps):
+                improved = True
+        return improved
+
+    def _smaller_configs(self) -> Iterator[CacheConfig]:
+        c = self.config
+        for n in range(self.caps.min_blocks, c.num_blocks):
+            yield replace(c, num_blocks=n)
+        sizes = self.caps.block_sizes or tuple(range(1, c.block_size))
+        for b in sizes:
+            if b < self.config.block_size:
+                yield replace(self.config, block_size=b)
+        if (self.config.free_order, self.config.dedup_on_full) != DEFAULT_POLICY:
+            yield replace(self.config, free_order=DEFAULT_POLICY[0], dedup_on_full=DEFAULT_POLICY[1])
+        if self.config.hash_algo != "sha256" or self.config.verify_tokens:
+            yield replace(self.config, hash_algo="sha256", verify_tokens=False)
+
+    def merge_appends(self) -> bool:
+        improved = False
+        i = 0
+        while i + 1 < len(self.steps):
+            a, b = self.steps[i], self.steps[i + 1]
+            if a["op"] == b["op"] == "append" and a["request_id"] == b["request_id"]:
+                merged = {**a, "tokens": list(a["tokens"]) + list(b["tokens"])}
+                if self.attempt(self.config, self.steps[:i] + [merged] + self.steps[i + 2 :]):
+                    improved = True
+                    continue
+            i += 1
+        return improved
+
+    def simplify_steps(self) -> bool:
+        improved = False
+        for i in range(len(self.steps)):
+            if i >= len(self.steps):
+                break
+            for edit in simplifications(self.steps[i]):
+                if self.attempt(self.config, self.steps[:i] + [edit] + self.steps[i + 1 :]):
+                    improved = True
+                    break
+        return improved
+
+
+def simplifications(step: Step) -> list[Step]:
+    """Smaller variants of one step, most aggressive first: without extras, without one kind of
+    extra, with a shorter token list (keeping extras valid is the replay's business: an invalid
+    variant fails differently and is dropped)."""
+    out: list[Step] = []
+    extras = step.get("extras")
+    if isinstance(extras, dict) and extras:
+        out.append({k: v for k, v in step.items() if k != "extras"})
+        if len(extras) > 1:
+            out.extend({**step, "extras": {k: v for k, v in extras.items() if k != kind}} for kind in extras)
+    tokens = step.get("tokens")
+    if isinstance(tokens, list) and len(tokens) > 1:
+        lengths = sorted({1, len(tokens) // 2, len(tokens) - 1} - {0, len(tokens)})
+        out.extend({**step, "tokens": tokens[:n]} for n in lengths)
+    return out
+
+
+def minimize(
+    factory: AdapterFactory,
+    found: Found,
+    profile: str,
+    disabled: frozenset[str],
+    caps: Capabilities,
+    budget: int,
+) -> Replay | None:
+    """The smallest failing replay reachable within ``budget`` replays (``None``: the failure does
+    not reproduce — a non-deterministic engine)."""
+    return Shrinker(factory, found, profile, disabled, caps, budget).run()
+
+
+def render_failure(result: Replay, profile: str) -> Failure:
+    """The readable sequence and the ready-to-save vector of a failing replay."""
+    assert result.violation is not None and result.config is not None
+    v = result.violation
+    config = result.config
+    lines = [
+        f"  config: block_size={config.block_size} num_blocks={config.num_blocks} "
+        f"free_order={config.free_order} dedup_on_full={config.dedup_on_full}"
+        + (f" hash_algo={config.hash_algo}" if config.hash_algo != "sha256" else "")
+        + (" verify_tokens=True" if config.verify_tokens else "")
+    ]
+    last = len(result.steps) - 1
+    for i, entry in enumerate(result.steps):
+        exp = entry["expect"]
+        spec_says = exp["error"] or json.dumps(exp["result"], sort_keys=True)
+        outcome = result.outcomes[i] if i < len(result.outcomes) else None
+        engine_says = "(no result)" if outcome is None else outcome.describe()
+        if i == last:
+            engine_says += f"   <-- violates {v.prop}"
+        s = {k: val for k, val in entry.items() if k != "expect"}
+        lines.append(
+            f"  {i + 1:2d}. {describe_step(s)}\n      engine: {engine_says}\n      spec:   {spec_says}"
+        )
+    if not result.steps:
+        lines.append(f"  (at creation)   <-- violates {v.prop}")
+    case = make_case(
+        f"counterexample/{v.prop}",
+        f"Found by the stateful runner: [{v.prop}] {v.message}",
+        "counterexample",
+        profile,
+        config,
+        initial=result.initial,
+        steps=result.steps,
+    )
+    vector: dict[str, Json] = {
+        "schema_version": SCHEMA_VERSION,
+        "spec_version": spec_version(),
+        "group": "counterexamples",
+        "description": "Saved counterexample of the stateful conformance runner.",
+        "cases": [case],
+    }
+    return Failure(v.prop, v.message, "\n".join(lines), vector, v.detail)
