@@ -18,6 +18,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -37,7 +38,7 @@ from .suite import (
     render_report,
     run_suite,
 )
-from .watchdog import DEFAULT_CALL_TIMEOUT, EngineHung
+from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
 
 ENGINE_HELP = (
     "impl (default), spec, radix, module:factory (a function config -> adapter; run in a worker "
@@ -63,16 +64,21 @@ def check_output_path(path: Path, what: str) -> None:
         raise UserError(f"{what} {path}: directory {path.parent} does not exist")
 
 
-def check_options(max_examples: int, steps: int, time_budget: float, call_timeout: float, seed: int) -> None:
-    if max_examples < 0:
-        raise UserError(f"--max-examples must be >= 0, got {max_examples}")
-    if not 1 <= steps <= 10_000:
-        raise UserError(f"--steps must be in 1..10000, got {steps}")
-    for name, value in (("--time-budget", time_budget), ("--call-timeout", call_timeout)):
+def check_options(args: ConformArgs) -> None:
+    if args.max_examples < 0:
+        raise UserError(f"--max-examples must be >= 0, got {args.max_examples}")
+    if not 1 <= args.steps <= 10_000:
+        raise UserError(f"--steps must be in 1..10000, got {args.steps}")
+    seconds = (
+        ("--time-budget", args.time_budget),
+        ("--call-timeout", args.call_timeout),
+        ("--start-timeout", args.start_timeout),
+    )
+    for name, value in seconds:
         if not math.isfinite(value) or value <= 0:
             raise UserError(f"{name} must be a positive number of seconds, got {value}")
-    if not 0 <= seed < 2**63:
-        raise UserError(f"--seed must be in [0, 2**63), got {seed}")
+    if not 0 <= args.seed < 2**63:
+        raise UserError(f"--seed must be in [0, 2**63), got {args.seed}")
 
 
 def conform(
@@ -90,6 +96,9 @@ def conform(
     call_timeout: Annotated[
         float, typer.Option("--call-timeout", help="seconds one engine call may take before it is a FAIL")
     ] = DEFAULT_CALL_TIMEOUT,
+    start_timeout: Annotated[
+        float, typer.Option("--start-timeout", help="seconds a worker may take to load the engine")
+    ] = DEFAULT_START_TIMEOUT,
     vectors: Annotated[
         Optional[list[Path]],  # noqa: UP045
         typer.Option("--vectors", help="also run the vector files under DIR (repeatable)"),
@@ -119,7 +128,7 @@ def conform(
     Exit status: 0 pass, 1 a check failed (engine misbehaviour included), 2 user error,
     3 incomplete (the --time-budget safety stop fired)."""
     try:
-        options, factory = _prepare(
+        args = ConformArgs(
             engine,
             profile,
             json_path,
@@ -128,12 +137,14 @@ def conform(
             steps,
             time_budget,
             call_timeout,
+            start_timeout,
             vectors or [],
             path or [],
             database,
             in_process,
             no_stateful,
         )
+        options, factory = _prepare(args)
     except UserError as exc:
         raise fail_user(str(exc)) from None
     try:
@@ -156,55 +167,65 @@ def conform(
     raise typer.Exit(report.exit_code)
 
 
-def _prepare(
-    engine: str,
-    profile: str,
-    json_path: Path | None,
-    seed: int,
-    max_examples: int,
-    steps: int,
-    time_budget: float,
-    call_timeout: float,
-    vectors: list[Path],
-    paths: list[Path],
-    database: Path | None,
-    in_process: bool,
-    no_stateful: bool,
-) -> tuple[SuiteOptions, Callable[..., object]]:
+@dataclass(frozen=True)
+class ConformArgs:
+    """The command line of ``conform``, as given."""
+
+    engine: str
+    profile: str
+    json_path: Path | None
+    seed: int
+    max_examples: int
+    steps: int
+    time_budget: float
+    call_timeout: float
+    start_timeout: float
+    vectors: list[Path]
+    paths: list[Path]
+    database: Path | None
+    in_process: bool
+    no_stateful: bool
+
+
+def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
     """Every user error is found here, before any work starts (:class:`UserError`)."""
-    if profile not in PROFILES:
-        raise UserError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
-    check_options(max_examples, steps, time_budget, call_timeout, seed)
-    if json_path is not None:
-        check_output_path(json_path, "--json")
-    for d in vectors:
+    if args.profile not in PROFILES:
+        raise UserError(f"unknown profile {args.profile!r}; choose from {', '.join(PROFILES)}")
+    check_options(args)
+    if args.json_path is not None:
+        check_output_path(args.json_path, "--json")
+    for d in args.vectors:
         if not d.is_dir():
             raise UserError(f"--vectors {d}: not a directory")
-    for d in paths:
+    for d in args.paths:
         if not d.is_dir():
             raise UserError(f"--path {d}: not a directory")
-    if database is not None and database.exists() and not database.is_dir():
-        raise UserError(f"--database {database}: not a directory")
+    if args.database is not None and args.database.exists() and not args.database.is_dir():
+        raise UserError(f"--database {args.database}: not a directory")
     options = SuiteOptions(
-        profile=profile,
-        seed=seed,
-        max_examples=max_examples,
-        steps=steps,
-        time_budget=time_budget,
-        vector_dirs=tuple(vectors),
-        stateful=not no_stateful,
-        call_timeout=call_timeout,
-        database=database,
+        profile=args.profile,
+        seed=args.seed,
+        max_examples=args.max_examples,
+        steps=args.steps,
+        time_budget=args.time_budget,
+        vector_dirs=tuple(args.vectors),
+        stateful=not args.no_stateful,
+        call_timeout=args.call_timeout,
+        database=args.database,
     )
     try:
         factory = load_engine(
-            engine, isolate=False if in_process else None, paths=paths, call_timeout=call_timeout
+            args.engine,
+            isolate=False if args.in_process else None,
+            paths=args.paths,
+            call_timeout=args.call_timeout,
+            start_timeout=args.start_timeout,
         )
     except EngineUnavailable as exc:
-        hint = "" if paths or ":" not in engine else " (is its folder on --path?)"
+        hint = "" if args.paths or ":" not in args.engine else " (is its folder on --path?)"
         raise UserError(f"{exc}{hint}") from None
     except (EngineHung, OSError, RuntimeError) as exc:
-        raise UserError(f"engine {engine!r} could not be started: {exc}") from None
+        raise UserError(f"engine {args.engine!r} could not be started: {exc}") from None
     return options, factory
 
 

@@ -33,7 +33,7 @@ from pagedprefix.spec.cache import request_sort_key
 from .codec import Json, error_kind, extra_kinds_of, extras_from_json
 from .properties import Violation
 from .protocol import Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
-from .watchdog import EngineHung, describe_exception, guarded
+from .watchdog import EngineHung, describe_exception, exception_summary, guarded
 
 OPS: tuple[str, ...] = ("allocate", "append", "fork", "free", "lookup", "reset")
 Step = dict[str, Json]
@@ -133,7 +133,7 @@ def execute(adapter: PrefixCacheAdapter, step: Step) -> Outcome:
     except Exception as exc:
         kind = error_kind(exc)
         if kind is None:
-            return Outcome(crash=f"{type(exc).__name__}: {exc}", trace=describe_exception(exc))
+            return Outcome(crash=exception_summary(exc), trace=describe_exception(exc))
         return Outcome(error=kind, message=str(exc))
     return Outcome(result=result)
 
@@ -152,7 +152,7 @@ def call_engine_raw(what: str, call: Any) -> Any:
         raise
     except Exception as exc:
         raise Violation(
-            "engine-errors", f"{what} raised {type(exc).__name__}: {exc}", describe_exception(exc)
+            "engine-errors", f"{what} raised {exception_summary(exc)}", describe_exception(exc)
         ) from None
 
 
@@ -169,7 +169,7 @@ def call_engine(what: str, call: Any) -> Any:
         raise Violation("accounting", f"{what} raised {type(exc).__name__}: {exc}") from None
     except Exception as exc:
         raise Violation(
-            "engine-errors", f"{what} raised {type(exc).__name__}: {exc}", describe_exception(exc)
+            "engine-errors", f"{what} raised {exception_summary(exc)}", describe_exception(exc)
         ) from None
 
 

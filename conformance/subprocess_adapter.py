@@ -178,9 +178,11 @@ class JsonLinesProcess:
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=1)
                 raise EngineProcessError(
                     f"engine process {self.argv[0]} closed its output during {method} "
-                    f"(exit status {self.proc.poll()}) {self._why()}".rstrip()
+                    f"(exit status {self.proc.returncode}) {self._why()}".rstrip()
                 )
             self._buffer += chunk
             if len(self._buffer) > MAX_LINE:
@@ -260,7 +262,8 @@ def _error(err: Json) -> Exception:
     made = make_error(kind, message, err)
     if isinstance(made, RuntimeError) and type(made) is RuntimeError:
         trace = err.get("traceback")
-        return RemoteEngineError(f"{kind}: {message}", trace if isinstance(trace, str) else "")
+        text = message if kind == "EngineError" else f"{kind}: {message}"
+        return RemoteEngineError(text, trace if isinstance(trace, str) else "")
     return made
 
 

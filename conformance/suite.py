@@ -224,7 +224,9 @@ def load_engine(
         argv = shlex.split(name[len("jsonl:") :])
         if not argv:
             raise EngineUnavailable("jsonl: needs a command, e.g. jsonl:./my-engine --serve")
-        return subprocess_factory(argv, None, call_timeout, start_timeout)
+        factory = subprocess_factory(argv, None, call_timeout, start_timeout)
+        factory.start()  # type: ignore[attr-defined]
+        return factory
     if isolate is None:
         isolate = name not in BUILTIN_ENGINES
     if not isolate:

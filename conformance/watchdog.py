@@ -88,6 +88,13 @@ def call_limit(call: str, seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def exception_summary(exc: BaseException) -> str:
+    """``Type: message`` (an exception relayed from an engine process is already in that form)."""
+    if isinstance(getattr(exc, "remote_traceback", None), str):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` and the traceback, for a report row."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
