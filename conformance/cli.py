@@ -111,7 +111,7 @@ def conform(
     ] = None,
     database: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option("--database", help="keep Hypothesis's example database in DIR (default: none)"),
+        typer.Option("--database", help="save counterexamples in DIR, run them first next time"),
     ] = None,
     in_process: Annotated[
         bool,
@@ -200,8 +200,11 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
     for d in args.paths:
         if not d.is_dir():
             raise UserError(f"--path {d}: not a directory")
-    if args.database is not None and args.database.exists() and not args.database.is_dir():
-        raise UserError(f"--database {args.database}: not a directory")
+    if args.database is not None:
+        if args.database.exists() and not args.database.is_dir():
+            raise UserError(f"--database {args.database}: not a directory")
+        if not args.database.parent.is_dir():
+            raise UserError(f"--database {args.database}: directory {args.database.parent} does not exist")
     options = SuiteOptions(
         profile=args.profile,
         seed=args.seed,

@@ -280,18 +280,18 @@ def quiet_hypothesis() -> Iterator[None]:
             configuration.set_hypothesis_home_dir(None)
 
 
-def _settings(user: Settings | None, examples: int, database: Any) -> Settings:
+def _settings(user: Settings | None, examples: int) -> Settings:
     base = user if user is not None else Settings()
     return Settings(
         base,
         max_examples=examples,
-        database=database,
+        database=None,
         deadline=None,
         derandomize=False,
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
-        phases=(Phase.reuse, Phase.generate) if database is not None else (Phase.generate,),
+        phases=(Phase.generate,),
     )
 
 
@@ -341,7 +341,6 @@ def run_conformance(
     time_budget: float | None = None,
     max_failures: int = 4,
     minimize_replays: int = MINIMIZE_REPLAYS,
-    database: Any = None,
     progress: Callable[[int, int], None] | None = None,
     echo: Callable[[str], None] | None = print,
 ) -> StatefulReport:
@@ -349,15 +348,15 @@ def run_conformance(
 
     Args:
         adapter_factory: ``config -> adapter``.
-        settings: Hypothesis settings to start from; ``max_examples``, the database, shrinking
-            and health checks are always set by the runner.
+        settings: Hypothesis settings to start from; ``max_examples``, the database (none),
+            shrinking (off: :mod:`~pagedprefix.conformance.minimize` shrinks) and health checks
+            are always set by the runner.
         profile: one of ``single-namespace``, ``core``, ``maximal``, ``lru``, ``exact``.
         seed_value: the seed; the same seed and engine behaviour give the same report.
         max_examples, steps: examples in the run and operations per example.
         time_budget: safety stop in seconds: no new chunk starts after it (report ``incomplete``).
         max_failures: stop after this many failing properties.
         minimize_replays: replays the minimizer may spend on each counterexample.
-        database: a Hypothesis example database (``None``: none; the CLI's ``--database DIR``).
         progress: ``progress(done, total)`` after each chunk of examples.
         echo: called with each failure's rendering (default: printed; ``None``: silent).
 
@@ -389,7 +388,6 @@ def run_conformance(
             report,
             settings,
             seed_value,
-            database,
             time_budget,
             start,
             progress,
@@ -407,7 +405,6 @@ def _run_chunks(
     report: StatefulReport,
     settings: Settings | None,
     seed_value: int,
-    database: Any,
     time_budget: float | None,
     start: float,
     progress: Callable[[int, int], None] | None,
@@ -426,9 +423,7 @@ def _run_chunks(
             break
         n = min(CHUNK, total - done)
         rec = _Recorder()
-        run_chunk(
-            setup, frozenset(disabled), _settings(settings, n, database), seed_value * 1_000_003 + chunk, rec
-        )
+        run_chunk(setup, frozenset(disabled), _settings(settings, n), seed_value * 1_000_003 + chunk, rec)
         if rec.hung is not None:
             report.hung = rec.hung
             failures["engine-errors"] = _hung_failure(rec.hung, setup.profile)

@@ -11,6 +11,7 @@ Extra check groups (e.g. a replay slice of a real trace) plug in with
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import shlex
@@ -34,6 +35,7 @@ from .protocol import (
     import_factory,
 )
 from .stateful import PROBE_BLOCK_SIZES, StatefulReport, probe, run_conformance
+from .vector_format import dumps
 from .vectors import VectorRunReport, run_vectors
 from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung, limit_in_process_calls
 
@@ -78,7 +80,8 @@ class SuiteOptions:
     ``time_budget`` is a safety stop (seconds): when it fires, no new stateful chunk starts and
     the report is ``incomplete``. ``call_timeout``: seconds an in-process adapter call may take
     (a worker-process engine gets its limit from :func:`load_engine`). ``database``: a directory
-    for Hypothesis's example database (none by default: nothing is written anywhere).
+    where each minimal counterexample is saved as a vector file, and whose vector files are run
+    first (none by default: nothing is written anywhere).
     """
 
     profile: str = "exact"
@@ -386,12 +389,17 @@ def _run_all(
 
         return update
 
+    dirs = options.vector_dirs
+    if options.database is not None and options.database.is_dir():
+        dirs = (options.database, *dirs)
     report.vectors = run_vectors(
-        factory, options.profile, options.vector_dirs, options.builtin_vectors, phase("vectors"), caps
+        factory, options.profile, dirs, options.builtin_vectors, phase("vectors"), caps
     )
     if options.stateful:
         report.stateful = _run_stateful(factory, options, phase("stateful"), start)
         report.errors.extend(report.stateful.errors)
+        if options.database is not None:
+            save_counterexamples(report.stateful, options.database)
         for p in report.stateful.properties:
             cex = None if p.failure is None else _counterexample(p.failure.sequence, p.failure.detail)
             report.rows.append(CheckResult(p.name, "property", p.status, p.detail, cex))
@@ -409,6 +417,22 @@ def _run_all(
         except Exception as exc:
             report.rows.append(CheckResult(name, "group", "fail", f"{type(exc).__name__}: {exc}"))
     report.rows.extend(_capability_rows(caps, options.profile))
+
+
+def save_counterexamples(stateful: StatefulReport, directory: Path) -> list[Path]:
+    """Write each minimal counterexample as a vector file under ``directory`` (created), named by
+    its property and a digest of its content, so a later run replays it first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for failure in stateful.failures():
+        if not failure.vector:
+            continue
+        text = dumps(failure.vector)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        path = directory / f"counterexample-{failure.prop}-{digest}.json"
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
 
 
 def _counterexample(sequence: str, detail: str) -> str:
@@ -438,11 +462,6 @@ def _run_stateful(
     remaining = None
     if options.time_budget is not None:
         remaining = max(1.0, options.time_budget - (time.perf_counter() - start))
-    database = None
-    if options.database is not None:
-        from hypothesis.database import DirectoryBasedExampleDatabase
-
-        database = DirectoryBasedExampleDatabase(str(options.database))
     return run_conformance(
         factory,
         profile=options.profile,
@@ -450,7 +469,6 @@ def _run_stateful(
         max_examples=options.max_examples,
         steps=options.steps,
         time_budget=remaining,
-        database=database,
         progress=progress,
         echo=None,
     )
