@@ -118,6 +118,9 @@ def conform(
         typer.Option("--in-process", help="run a module:factory engine in this process (no hard timeout)"),
     ] = False,
     no_stateful: Annotated[bool, typer.Option("--no-stateful", help="vectors only")] = False,
+    builtin_vectors: Annotated[
+        bool, typer.Option("--builtin-vectors/--no-builtin-vectors", help="run the shipped vectors")
+    ] = True,
     no_trace: Annotated[
         bool, typer.Option("--no-trace", help="skip the real-trace slice (Mooncake, lockstep with the spec)")
     ] = False,
@@ -143,6 +146,7 @@ def conform(
             database,
             in_process,
             no_stateful,
+            builtin_vectors,
         )
         options, factory = _prepare(args)
     except UserError as exc:
@@ -185,6 +189,7 @@ class ConformArgs:
     database: Path | None
     in_process: bool
     no_stateful: bool
+    builtin_vectors: bool
 
 
 def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
@@ -197,6 +202,7 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
     for d in args.vectors:
         if not d.is_dir():
             raise UserError(f"--vectors {d}: not a directory")
+        _check_vector_dir(d, "--vectors")
     for d in args.paths:
         if not d.is_dir():
             raise UserError(f"--path {d}: not a directory")
@@ -205,6 +211,8 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
             raise UserError(f"--database {args.database}: not a directory")
         if not args.database.parent.is_dir():
             raise UserError(f"--database {args.database}: directory {args.database.parent} does not exist")
+        if args.database.is_dir():
+            _check_vector_dir(args.database, "--database")
     options = SuiteOptions(
         profile=args.profile,
         seed=args.seed,
@@ -213,6 +221,7 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
         time_budget=args.time_budget,
         vector_dirs=tuple(args.vectors),
         stateful=not args.no_stateful,
+        builtin_vectors=args.builtin_vectors,
         call_timeout=args.call_timeout,
         database=args.database,
     )
@@ -230,6 +239,16 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
     except (EngineHung, OSError, RuntimeError) as exc:
         raise UserError(f"engine {args.engine!r} could not be started: {exc}") from None
     return options, factory
+
+
+def _check_vector_dir(directory: Path, option: str) -> None:
+    """Every vector file under ``directory`` must load (a malformed one is a user error)."""
+    from .vectors import VectorFormatError, load_dir
+
+    try:
+        load_dir(directory)
+    except VectorFormatError as exc:
+        raise UserError(f"{option} {directory}: {exc}") from None
 
 
 def _run(factory: Callable[..., object], options: SuiteOptions, engine: str, no_trace: bool) -> SuiteReport:

@@ -49,11 +49,11 @@ from typing import Any
 from pagedprefix.spec import CacheConfig, PrefixCacheError
 
 from ._scenarios import GROUPS
-from .codec import Json, config_from_json, error_kind
-from .driver import call_engine_raw
+from .codec import ERROR_KINDS, Json, config_from_json, error_kind
+from .driver import OPS, call_engine_raw
 from .judge import Lost
 from .model import EngineRun, build_adapter
-from .properties import Violation
+from .properties import PROFILES, Violation
 from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from .vector_format import SCHEMA_VERSION, CaseBuilder, dumps, make_case, spec_version, vector_file
 
@@ -113,21 +113,117 @@ class VectorFormatError(ValueError):
 
 
 def load_file(path: Path) -> VectorFile:
-    """Load and check one vector file."""
+    """Load one vector file and check it against the schema (module docstring), so that a
+    malformed file is reported as such (:class:`VectorFormatError`, naming the file, the case and
+    the field) before anything runs."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise VectorFormatError(f"{path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise VectorFormatError(f"{path}: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
         raise VectorFormatError(f"{path}: schema_version must be {SCHEMA_VERSION}")
     cases = doc.get("cases")
     if not isinstance(cases, list):
         raise VectorFormatError(f"{path}: 'cases' must be a list")
-    for case in cases:
-        missing = {"id", "profile", "config"} - set(case)
-        if missing or ("steps" not in case and "config_error" not in case):
-            raise VectorFormatError(f"{path}: case {case.get('id')!r} lacks {sorted(missing) or ['steps']}")
+    for i, case in enumerate(cases):
+        try:
+            check_case(case)
+        except VectorFormatError as exc:
+            name = case.get("id") if isinstance(case, dict) else None
+            raise VectorFormatError(f"{path}: case {name if isinstance(name, str) else i!r}: {exc}") from None
     return VectorFile(path, str(doc.get("group", path.stem)), str(doc.get("spec_version", "?")), cases)
+
+
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise VectorFormatError(what)
+
+
+def _int(value: Json) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ints(value: Json) -> bool:
+    return isinstance(value, list) and all(_int(v) for v in value)
+
+
+def check_case(case: Json) -> None:
+    """Raise :class:`VectorFormatError` unless ``case`` follows the schema (its steps' arguments
+    may be invalid on purpose; its expectations must have the documented types)."""
+    _need(isinstance(case, dict), "a case must be an object")
+    _need(isinstance(case.get("id"), str), "'id' must be a string")
+    _need(case.get("profile") in PROFILES, f"'profile' must be one of {PROFILES}")
+    _need(isinstance(case.get("config"), dict), "'config' must be an object")
+    _need(isinstance(case.get("requires", []), list), "'requires' must be a list")
+    if "config_error" in case:
+        _need(isinstance(case["config_error"], str), "'config_error' must be a string")
+        return
+    steps = case.get("steps")
+    _need(isinstance(steps, list), "'steps' must be a list (or give 'config_error')")
+    blocks = case["config"].get("num_blocks")
+    if case.get("initial") is not None:
+        _check_observation(case["initial"], blocks, "initial")
+    for i, step in enumerate(steps):
+        _need(isinstance(step, dict) and step.get("op") in OPS, f"step {i}: 'op' must be one of {OPS}")
+        if "expect" in step:
+            _check_expect(step["op"], step["expect"], blocks, f"step {i}: expect")
+
+
+def _check_observation(obs: Json, blocks: Json, where: str) -> None:
+    _need(isinstance(obs, dict), f"{where} must be an object")
+    _need(_int(obs.get("num_free_blocks")), f"{where}.num_free_blocks must be an int")
+    tables = obs.get("tables")
+    _need(
+        isinstance(tables, list) and all(isinstance(t, list) and len(t) == 2 and _ints(t[1]) for t in tables),
+        f"{where}.tables must be a list of [request_id, [block, ...]]",
+    )
+    for name in ("ref_cnt", "free_blocks"):
+        if name in obs:
+            _need(_ints(obs[name]), f"{where}.{name} must be a list of ints")
+    if "ref_cnt" in obs and _int(blocks):
+        _need(len(obs["ref_cnt"]) == blocks, f"{where}.ref_cnt must have one entry per block")
+    if "keys" in obs:
+        _need(isinstance(obs["keys"], list), f"{where}.keys must be a list")
+        for entry in obs["keys"]:
+            _need(
+                isinstance(entry, list)
+                and len(entry) == 2
+                and isinstance(entry[1], list)
+                and all(k is None or isinstance(k, str) for k in entry[1]),
+                f"{where}.keys must be a list of [request_id, [hex or null, ...]]",
+            )
+
+
+RESULT_FIELDS: dict[str, dict[str, str]] = {
+    "allocate": {"num_computed_tokens": "int", "block_table": "ints"},
+    "append": {"copies": "pairs", "block_table": "ints"},
+    "lookup": {"num_computed_tokens": "int"},
+    "reset": {"reset": "bool"},
+    "fork": {},
+    "free": {},
+}
+
+
+def _check_expect(op: str, exp: Json, blocks: Json, where: str) -> None:
+    _check_observation(exp, blocks, where)
+    error = exp.get("error")
+    _need(error is None or error in ERROR_KINDS, f"{where}.error must be null or one of {ERROR_KINDS}")
+    for name in ("evictions", "pops"):
+        if name in exp:
+            _need(_int(exp[name]), f"{where}.{name} must be an int")
+    result = exp.get("result")
+    if error is not None:
+        _need(result is None, f"{where}.result must be null when error is set")
+        return
+    _need(isinstance(result, dict), f"{where}.result must be an object")
+    kinds = {
+        "int": _int,
+        "ints": _ints,
+        "bool": lambda v: isinstance(v, bool),
+        "pairs": lambda v: isinstance(v, list) and all(_ints(p) and len(p) == 2 for p in v),
+    }
+    for name, kind in RESULT_FIELDS[op].items():
+        _need(kinds[kind](result.get(name)), f"{where}.result.{name} must be {kind}")
 
 
 def load_dir(directory: Path) -> list[VectorFile]:

@@ -30,7 +30,13 @@ def _trace_slice_group() -> tuple[str, CheckGroup]:
     return NAME, trace_slice_rows
 
 
+_registered: list[bool] = []
+
+
 def _register() -> None:
+    if _registered:
+        return
+    _registered.append(True)
     from pagedprefix.conformance.cli import register as register_conformance
     from pagedprefix.model.cli import register as register_model
     from pagedprefix.replay.cli import register as register_replay
