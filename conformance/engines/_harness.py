@@ -54,7 +54,8 @@ class StandIn:
         why: what the cache needs from it, and why the real module does not import on a CPU machine.
         names: ``partial``: the real definitions to run; ``placeholder`` and ``package``: inert names.
         exports: ``package``: names its real ``__init__`` re-exports from a submodule, as
-            ``(name, submodule)``; resolved on first access (the submodule may be a stand-in too).
+            ``(name, submodule)`` (``name`` ``"*"``: every other name); resolved on first access
+            (the submodule may be a stand-in too).
         build: ``custom``: fills the module with the hand-written objects.
     """
 
@@ -131,6 +132,14 @@ def _bare_package(name: str) -> types.ModuleType:
     return module
 
 
+def _bound_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return set()
+
+
 def _partial(name: str, wanted: Iterable[str]) -> types.ModuleType:
     """The real module's named top-level definitions, executed from its installed source."""
     spec = importlib.util.find_spec(name)
@@ -147,22 +156,29 @@ def _partial(name: str, wanted: Iterable[str]) -> types.ModuleType:
     wanted = set(wanted)
     # Annotations stay unevaluated (PEP 563): they name classes the definitions never need to run.
     flags = __future__.annotations.compiler_flag
-    chosen: list[ast.stmt] = []
+    definitions: list[tuple[set[str], ast.stmt]] = []
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
             for alias in node.names:
                 flags |= getattr(__future__, alias.name).compiler_flag
-        names: set[str] = set()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names = {node.name}
-        elif isinstance(node, ast.Assign):
-            names = {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            names = {node.target.id}
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             node = ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
-        if names & wanted:
-            chosen.append(node)
-    used = {n.id for node in chosen for n in ast.walk(node) if isinstance(n, ast.Name)}
+        names = _bound_names(node)
+        if names:
+            definitions.append((names, node))
+    # The wanted definitions and, transitively, the module's own definitions they use.
+    chosen_ids: set[int] = set()
+    need, used = set(wanted), set(wanted)
+    while need:
+        for names, node in definitions:
+            if names & need and id(node) not in chosen_ids:
+                chosen_ids.add(id(node))
+                found_names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                used |= found_names
+        need = {n for names, _ in definitions for n in names if n in used} - {
+            n for names, node in definitions if id(node) in chosen_ids for n in names
+        }
+    chosen = [node for _, node in definitions if id(node) in chosen_ids]
 
     origin = spec.origin
 
@@ -170,6 +186,8 @@ def _partial(name: str, wanted: Iterable[str]) -> types.ModuleType:
         tree = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
         exec(compile(tree, origin, "exec", flags=flags, dont_inherit=True), namespace)
 
+    skipped: list[str] = []
+    module.__harness_skipped_imports__ = skipped  # type: ignore[attr-defined]
     for node in tree.body:  # the header imports the chosen definitions use, where they import
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
             isinstance(node, ast.ImportFrom) and node.module == "__future__"
@@ -178,15 +196,29 @@ def _partial(name: str, wanted: Iterable[str]) -> types.ModuleType:
             if bound & used:
                 try:
                     run(node)
-                except Exception:  # the import a CPU install lacks: left out
-                    continue
+                except Exception as exc:  # the import a CPU install lacks: left out, name by name
+                    if isinstance(node, ast.ImportFrom) and len(node.names) > 1:
+                        for alias in node.names:
+                            one = ast.copy_location(ast.ImportFrom(node.module, [alias], node.level), node)
+                            try:
+                                run(one)
+                            except Exception as exc_one:
+                                skipped.append(f"{node.module}.{alias.name} ({_error(exc_one)})")
+                    else:
+                        skipped.append(f"{ast.unparse(node)[:80]} ({_error(exc)})")
     found: set[str] = set()
-    for node in chosen:
-        run(node)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.add(node.name)
-        elif isinstance(node, ast.Assign):
-            found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    previous = sys.modules.get(name)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    try:
+        for node in chosen:
+            run(node)
+            found |= _bound_names(node)
+    except BaseException:
+        if previous is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = previous
+        raise
     missing = wanted - found
     if missing:
         raise EngineUnavailable(f"harness: {name} no longer defines {sorted(missing)} (engine version?)")
@@ -208,9 +240,10 @@ def _build(entry: StandIn) -> types.ModuleType:
         exports = dict(entry.exports)
 
         def __getattr__(name: str) -> Any:
-            if name not in exports:
+            source = exports.get(name, exports.get("*"))
+            if source is None or name.startswith("__"):
                 raise AttributeError(f"module {entry.module!r} (harness package) has no attribute {name!r}")
-            return getattr(importlib.import_module(exports[name]), name)
+            return getattr(importlib.import_module(source), name)
 
         module.__getattr__ = __getattr__  # type: ignore[method-assign]
     if entry.build is not None:
