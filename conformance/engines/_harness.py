@@ -16,7 +16,8 @@ A stand-in is one of:
   something a CPU install lacks;
 - ``placeholder``: inert names -- classes that raise when instantiated and functions that raise when
   called -- for names the cache modules import only for annotations, ``isinstance`` checks or code
-  paths the adapter never drives; any use of one raises :class:`StandInUsed`, loudly;
+  paths the adapter never drives; any use of one raises :class:`StandInUsed`, loudly. ``names``
+  ``("*",)`` makes every name such a placeholder (used only for GPU kernel modules);
 - ``custom``: a small hand-written object, documented where it is defined (request parameters the
   cache only reads a few attributes of).
 
@@ -211,8 +212,17 @@ def _partial(name: str, wanted: Iterable[str]) -> types.ModuleType:
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     try:
         for node in chosen:
-            run(node)
-            found |= _bound_names(node)
+            names = _bound_names(node)
+            try:
+                run(node)
+            except Exception as exc:
+                if names & wanted:
+                    raise
+                # A definition only a wanted one refers to, which cannot be made here (a Triton
+                # kernel's decorator, say): left out; calling into it raises NameError.
+                skipped.append(f"{', '.join(sorted(names))} ({_error(exc)})")
+                continue
+            found |= names
     except BaseException:
         if previous is None:
             sys.modules.pop(name, None)
@@ -235,7 +245,18 @@ def _build(entry: StandIn) -> types.ModuleType:
         module.__package__ = entry.module.rpartition(".")[0]
     if entry.kind in ("package", "placeholder", "custom"):
         for name in entry.names:
-            setattr(module, name, placeholder(entry.module, name))
+            if name != "*":
+                setattr(module, name, placeholder(entry.module, name))
+    if entry.kind == "placeholder" and "*" in entry.names:
+
+        def any_name(name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            value = placeholder(entry.module, name)
+            setattr(module, name, value)
+            return value
+
+        module.__getattr__ = any_name  # type: ignore[method-assign]
     if entry.exports:
         exports = dict(entry.exports)
 

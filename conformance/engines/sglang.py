@@ -124,12 +124,15 @@ TARGETS: tuple[str, ...] = (
     "sglang.srt.mem_cache.common",
     "sglang.srt.managers.schedule_batch",
     "sglang.srt.sampling.sampling_params",
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.mem_cache.unified_cache.components",
 )
 """The SGLang modules the adapter drives."""
 
 _UTILS_COMMON = (
     "ceil_align", "get_int_env_var", "get_bool_env_var", "is_hip", "is_cuda", "is_mps",
-    "get_num_new_pages", "next_power_of_2", "is_xpu",
+    "get_num_new_pages", "next_power_of_2", "is_xpu", "get_device_module", "assert_int64_array",
+    "is_gfx95_supported",
 )
 
 STAND_INS: tuple[StandIn, ...] = (
@@ -179,17 +182,14 @@ STAND_INS: tuple[StandIn, ...] = (
     StandIn(
         "sglang.srt.mem_cache.memory_pool", "partial",
         "imports Triton and the device KV pools; ReqToTokenPool is plain torch",
-        names=("ReqToTokenPool",),
+        names=("ReqToTokenPool", "KVCache", "MHATokenToKVPool", "MLATokenToKVPool", "DSATokenToKVPool",
+               "MHATokenToKOnlyPool"),
     ),
     StandIn(
         "sglang.srt.observability.metrics_collector", "placeholder",
         "imports the config stack (transformers) and prometheus; the collectors are annotations and "
-        "are built only with metrics on",
-        names=(
-            "STAT_LOGGER_ROLE_RADIX_CACHE", "RadixCacheMetricsCollector", "radix_cache_metric_labels",
-            "resolve_collector_class", "SchedulerMetricsCollector", "EncoderMetricsCollector",
-            "TokenizerMetricsCollector", "DPBalanceStats", "DPCooperationInfo",
-        ),
+        "are built only with metrics on (every name is a placeholder)",
+        names=("*",),
     ),
     StandIn(
         "sglang.srt.dllm.config", "placeholder",
@@ -213,11 +213,40 @@ STAND_INS: tuple[StandIn, ...] = (
         names=("ReqTimeStatsBase", "SchedulerReqTimeStats"),
     ),
     StandIn(
+        "sglang.srt.distributed", "package",
+        "its __init__ star-imports the collective-communication stack (NCCL, Triton); "
+        "UnifiedRadixCache needs the real submodule communication_tags",
+    ),
+    StandIn(
+        "sglang.kernels.ops.attention.dsa.dequant_k_cache", "placeholder",
+        "Triton kernels of the DeepSeek sparse-attention pools, imported by the HiCache pool "
+        "modules UnifiedRadixCache imports; never called",
+        names=("*",),
+    ),
+    StandIn(
+        "sglang.srt.layers.dp_attention", "partial",
+        "imports Triton and the model-parallel groups; the cache asks only whether data-parallel "
+        "attention is on (the runtime flag, off here)",
+        names=("is_dp_attention_enabled",),
+    ),
+    StandIn(
+        "sglang.srt.managers.cache_controller", "placeholder",
+        "the HiCache controller (host pools, storage backends, NCCL); UnifiedRadixCache builds it "
+        "only for a hierarchical cache (every name is a placeholder)",
+        names=("*",),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "placeholder",
+        "the hybrid HiCache controller (page-interleaved host pools, NCCL, Triton); built only for "
+        "a hierarchical cache (every name is a placeholder)",
+        names=("*",),
+    ),
+    StandIn(
         "sglang.srt.mem_cache.common", "partial",
         "imports Triton memory kernels; the scheduler-side functions the adapter calls are plain "
         "Python over the tree, the allocator and the row",
         names=("match_kv_cache", "checkpoint_kv_cache", "release_kv_cache", "_evict_until_allocatable",
-               "coalesce_ranges", "free_kv_row_segments"),
+               "coalesce_ranges", "free_kv_row_segments", "RetractionBackup", "free_swa_out_of_window_slots"),
     ),
     StandIn(
         "sglang.srt.managers.schedule_batch", "partial",
@@ -313,7 +342,9 @@ class SglangAdapter(AdapterBase):
 
     capabilities = CAPABILITIES
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, *, tree: str = "radix") -> None:
+        if tree not in ("radix", "unified"):
+            raise ValueError(f"tree must be 'radix' or 'unified', got {tree!r}")
         if config.verify_tokens:
             raise UnsupportedConfig("SGLang's tree compares tokens exactly; verify_tokens does not apply")
         mods = loaded().modules
@@ -341,7 +372,13 @@ class SglangAdapter(AdapterBase):
             token_to_kv_pool_allocator=self.allocator,
             page_size=B,
         )
-        self.tree: Any = mods["sglang.srt.mem_cache.radix_cache"].RadixCache(params)
+        if tree == "radix":
+            self.tree: Any = mods["sglang.srt.mem_cache.radix_cache"].RadixCache(params)
+        else:  # what registry.create_unified_radix_cache builds for a full-attention model
+            components = mods["sglang.srt.mem_cache.unified_cache.components"]
+            params.tree_components = (components.ComponentType.FULL,)
+            self.tree = mods["sglang.srt.mem_cache.unified_radix_cache"].UnifiedRadixCache(params)
+        self.tree_kind = tree
         self.requests: dict[str, Any] = {}
         self.pending: list[Any] = []  # admitted, not yet published (checkpointed)
 
@@ -490,9 +527,17 @@ class SglangAdapter(AdapterBase):
         self.pending.clear()
 
 
+def sglang_unified(config: CacheConfig) -> SglangAdapter:
+    """SGLang 0.5.23's default server cache, ``UnifiedRadixCache`` with one full-attention component
+    (``--engine pagedprefix.conformance.engines.sglang:sglang_unified``)."""
+    return SglangAdapter(config, tree="unified")
+
+
 def sglang(config: CacheConfig) -> SglangAdapter:
     """The conformance factory (``--engine pagedprefix.conformance.engines.sglang:sglang``)."""
     return SglangAdapter(config)
 
 
-__all__ = ["CAPABILITIES", "STAND_INS", "VERSION", "SglangAdapter", "lora_id_string", "sglang"]
+__all__ = [
+    "CAPABILITIES", "STAND_INS", "VERSION", "SglangAdapter", "lora_id_string", "sglang", "sglang_unified",
+]
