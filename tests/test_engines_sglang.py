@@ -16,7 +16,7 @@ import pytest
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
 from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
 
-REQUIRED = ("torch", "numpy", "msgspec", "zmq", "pydantic")
+REQUIRED = ("torch", "numpy", "msgspec", "zmq", "pydantic", "psutil")
 
 
 def _skip_reason() -> str | None:

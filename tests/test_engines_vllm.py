@@ -15,7 +15,7 @@ import pytest
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
 from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
 
-REQUIRED = ("torch", "numpy", "msgspec", "cbor2", "zmq", "regex")
+REQUIRED = ("torch", "numpy", "msgspec", "cbor2", "zmq", "regex", "pydantic")
 
 
 def _skip_reason() -> str | None:

@@ -153,12 +153,6 @@ STAND_INS: tuple[StandIn, ...] = (
         names=_UTILS_COMMON,
     ),
     StandIn(
-        "sglang.srt.utils.network", "placeholder",
-        "imports psutil (when psutil is installed the real module is kept); kv_events uses "
-        "NetworkAddress only in its ZMQ publisher, never built here",
-        names=("NetworkAddress", "is_port_available"),
-    ),
-    StandIn(
         "sglang.kernels.ops.kvcache.mla_buffer", "placeholder",
         "Triton kernels for MLA KV buffers, re-exported by mem_cache.utils; never called",
         names=(
@@ -208,26 +202,9 @@ STAND_INS: tuple[StandIn, ...] = (
         names=("CaptureHiddenMode", "ForwardMode"),
     ),
     StandIn(
-        "sglang.srt.observability.req_time_stats", "partial",
-        "imports the tracing and metrics stack; Req.__init__ builds a SchedulerReqTimeStats",
-        names=("ReqTimeStatsBase", "SchedulerReqTimeStats"),
-    ),
-    StandIn(
         "sglang.srt.distributed", "package",
         "its __init__ star-imports the collective-communication stack (NCCL, Triton); "
         "UnifiedRadixCache needs the real submodule communication_tags",
-    ),
-    StandIn(
-        "sglang.kernels.ops.attention.dsa.dequant_k_cache", "placeholder",
-        "Triton kernels of the DeepSeek sparse-attention pools, imported by the HiCache pool "
-        "modules UnifiedRadixCache imports; never called",
-        names=("*",),
-    ),
-    StandIn(
-        "sglang.srt.layers.dp_attention", "partial",
-        "imports Triton and the model-parallel groups; the cache asks only whether data-parallel "
-        "attention is on (the runtime flag, off here)",
-        names=("is_dp_attention_enabled",),
     ),
     StandIn(
         "sglang.srt.managers.cache_controller", "placeholder",

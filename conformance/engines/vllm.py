@@ -205,10 +205,6 @@ STAND_INS: tuple[StandIn, ...] = (
         names=("PerfStats",),
     ),
     StandIn(
-        "vllm.v1.spec_decode", "package",
-        "its __init__ imports the speculative-decoding proposers (model code)",
-    ),
-    StandIn(
         "vllm.v1.spec_decode.metrics", "placeholder",
         "imports prometheus_client; SpecDecodingStats is an annotation in vllm.v1.metrics.stats",
         names=("SpecDecodingStats",),
