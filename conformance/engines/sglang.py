@@ -26,8 +26,13 @@ Mapping decisions
   page size 1, and its batch code calls ``alloc_token_slots`` instead). SGLang reserves page 0
   (the padded slot for dummy writes), so its pages are ``1 .. N``; spec block ``b`` is SGLang page
   ``b + 1``. A KV index (token slot) ``s`` lies in page ``s // B``.
-  ``ReqToTokenPool(size=N, max_context_len=N * B + 1, device="cpu")``: no request can hold more than
-  ``N * B`` tokens, and at most ``N`` requests are live (each holds a page of its own).
+  ``ReqToTokenPool(size=R, max_context_len=C + 1, device="cpu")`` with ``R = min(N, 64)`` rows
+  (SGLang's ``max_running_requests``) and ``C = min(N * B, 2**18)`` tokens (its context length): with
+  the suite's pools no request can hold more than ``N * B`` tokens nor more than ``N`` requests be
+  live (each holds a page of its own), so these bounds never bind there; they keep the preallocated
+  table small for the replay's large pools. An admission past them (every row taken, or a sequence
+  longer than ``C``) raises ``OutOfBlocks`` before anything changes: SGLang's scheduler would not
+  admit it either (its running-request cap; its tokenizer rejects a prompt past the context length).
 - **Tree.** ``RadixCache(CacheInitParams(disable=False, req_to_token_pool, token_to_kv_pool_allocator,
   page_size=B))`` (what ``RadixCache.create_simulated`` builds, plus the request-to-token pool that
   ``checkpoint`` needs); eviction policy ``lru`` (SGLang's default), metrics and KV events off.
@@ -113,6 +118,8 @@ VERSION = "0.5.23"
 
 LORA_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "pagedprefix:lora")
 SAMPLING_MAX_NEW_TOKENS = 2**20
+MAX_RUNNING_REQUESTS = 64
+MAX_CONTEXT_LEN = 2**18
 
 TARGETS: tuple[str, ...] = (
     "sglang.srt.mem_cache.radix_cache",
@@ -340,8 +347,11 @@ class SglangAdapter(AdapterBase):
             self.allocator = mods["sglang.srt.mem_cache.allocator.paged"].PagedTokenToKVPoolAllocator(
                 size=N * B, page_size=B, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
             )
+        self.max_running = min(N, MAX_RUNNING_REQUESTS)
+        self.context_len = min(N * B, MAX_CONTEXT_LEN)
         self.req_to_token_pool: Any = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool(
-            size=N, max_context_len=N * B + 1, device="cpu", enable_memory_saver=False
+            size=self.max_running, max_context_len=self.context_len + 1, device="cpu",
+            enable_memory_saver=False,
         )
         params = mods["sglang.srt.mem_cache.cache_init_params"].CacheInitParams(
             disable=False,
@@ -413,6 +423,10 @@ class SglangAdapter(AdapterBase):
         if rid in self.requests:
             raise DuplicateRequest(f"request {request_id!r} is live")
         B, n = self.block_size, len(tokens)
+        if n > self.context_len:
+            raise OutOfBlocks(message=f"SGLang: {n} tokens past its context length {self.context_len}")
+        if self.req_to_token_pool.available_size() == 0:
+            raise OutOfBlocks(message=f"SGLang: all {self.max_running} request rows in use")
         req = self._req(rid, tokens, extras)
         req.init_next_round_input(self.tree)
         prefix = int(req.prefix_len)
@@ -447,6 +461,8 @@ class SglangAdapter(AdapterBase):
         req = self._live(request_id)
         B, torch = self.block_size, self._torch
         length = int(req.kv.kv_allocated_len)
+        if length + len(tokens) > self.context_len:
+            raise OutOfBlocks(message=f"SGLang: {length + len(tokens)} tokens past its context length")
         pages = -(-(length + len(tokens)) // B) - -(-length // B)
         if pages * B > self._room():
             raise self._refuse(pages, -(-length // B))
