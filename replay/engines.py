@@ -6,7 +6,9 @@ spec's operations (``allocate``, ``append``, ``fork``, ``free``, ``num_free_bloc
 the optimized ``pagedprefix.impl.BlockManager`` (``BlockManager.create``) and every conformance
 adapter (``pagedprefix.conformance.protocol.AdapterFactory``) qualify.
 
-Engine names: ``impl`` (the default), ``spec``, ``radix``, or ``module:attr`` where ``attr`` may be dotted
+Engine names: ``impl`` (the default), ``spec``, ``radix``, ``vllm``, ``sglang``, ``sglang-unified`` (vLLM
+0.33.0's and SGLang 0.5.23's own caches, ``conformance/engines/README.md``), or ``module:attr`` where
+``attr`` may be dotted
 (``pagedprefix.conformance.adapters:impl``, ``pagedprefix.spec:SpecCache.create``).
 """
 
@@ -51,11 +53,15 @@ SHORT_NAMES: dict[str, str] = {
     "impl": "pagedprefix.impl:BlockManager.create",
     "spec": "pagedprefix.spec:SpecCache.create",
     "radix": "pagedprefix.impl.radix:RadixCache.create",
+    # The engines' own caches (pagedprefix.conformance.engines; the wheels are installed separately).
+    "vllm": "pagedprefix.conformance.engines.vllm:vllm",
+    "sglang": "pagedprefix.conformance.engines.sglang:sglang",
+    "sglang-unified": "pagedprefix.conformance.engines.sglang:sglang_unified",
 }
 
 
 def load_factory(name: str = DEFAULT_ENGINE) -> EngineFactory:
-    """The factory an engine name denotes (``impl``, ``spec``, ``radix`` or ``module:attr``).
+    """The factory an engine name denotes (a key of :data:`SHORT_NAMES` or ``module:attr``).
 
     Raises :class:`EngineUnavailable` with the reason; never falls back to another engine.
     """

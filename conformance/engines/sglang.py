@@ -1,0 +1,536 @@
+"""SGLang 0.5.23's own radix-tree prefix cache behind the conformance protocol (``--engine sglang``).
+
+``sglang(config)`` builds SGLang's ``RadixCache`` (``sglang/srt/mem_cache/radix_cache.py``) over
+SGLang's own page allocator (``PagedTokenToKVPoolAllocator``) and request-to-token table
+(``ReqToTokenPool``), and feeds it SGLang's own ``Req`` objects (``sglang/srt/managers/
+schedule_batch.py``), driven through the functions SGLang's scheduler calls: ``Req.init_next_round_input``
+(→ ``mem_cache.common.match_kv_cache``), ``RadixCache.lock``, the allocator's ``evict_to_free_tokens``
+/ ``alloc`` / ``alloc_decode``, ``mem_cache.common.checkpoint_kv_cache`` after the prefill step and
+``mem_cache.common.release_kv_cache`` when the request finishes. Nothing of SGLang is re-implemented:
+the adapter translates arguments, writes the request's row the way the scheduler's batch code does,
+and reads results back.
+
+SGLang 0.5.23 needs Python >= 3.11. Its API changes every few months: this adapter is pinned to
+0.5.23 (:data:`VERSION`).
+
+Two ways to load it (``pagedprefix.conformance.engines._harness``): a fully installed SGLang (nothing
+is replaced), or a CPU-only machine with the wheel installed ``--no-deps``, where the stand-ins of
+:data:`STAND_INS` replace the modules around the cache that do not import without CUDA, Triton,
+``transformers`` or the server stack.
+
+Mapping decisions
+-----------------
+- **Pool.** ``PagedTokenToKVPoolAllocator(size=N * B, page_size=B, device="cpu", kvcache=None)``,
+  or for ``B == 1`` SGLang's ``TokenToKVPoolAllocator(size=N)`` (SGLang's own choice: its paged
+  allocator's decode path counts new pages with ``seq_len % page_size == 1``, never true for
+  page size 1, and its batch code calls ``alloc_token_slots`` instead). SGLang reserves page 0
+  (the padded slot for dummy writes), so its pages are ``1 .. N``; spec block ``b`` is SGLang page
+  ``b + 1``. A KV index (token slot) ``s`` lies in page ``s // B``.
+  ``ReqToTokenPool(size=R, max_context_len=C + 1, device="cpu")`` with ``R = min(N, 64)`` rows
+  (SGLang's ``max_running_requests``) and ``C = min(N * B, 2**18)`` tokens (its context length): with
+  the suite's pools no request can hold more than ``N * B`` tokens nor more than ``N`` requests be
+  live (each holds a page of its own), so these bounds never bind there; they keep the preallocated
+  table small for the replay's large pools. An admission past them (every row taken, or a sequence
+  longer than ``C``) raises ``OutOfBlocks`` before anything changes: SGLang's scheduler would not
+  admit it either (its running-request cap; its tokenizer rejects a prompt past the context length).
+- **Tree.** ``RadixCache(CacheInitParams(disable=False, req_to_token_pool, token_to_kv_pool_allocator,
+  page_size=B))`` (what ``RadixCache.create_simulated`` builds, plus the request-to-token pool that
+  ``checkpoint`` needs); eviction policy ``lru`` (SGLang's default), metrics and KV events off.
+  A cache instance is one namespace; ``hash_algo``, ``hash_seed`` and ``verify_tokens`` do not apply
+  (the tree compares token ids exactly).
+- **Requests.** The spec's request id ``x`` becomes ``rid = f"{type(x).__name__}:{x}"``.
+  ``Req(rid, "", array("q", tokens), sampling_params, lora_id=..., cache_salt=...)``.
+- **allocate** = ``req.init_next_round_input(tree)`` (match capped at ``len - 1`` tokens by
+  ``Req._compute_max_prefix_len``, page aligned by ``RadixKey.page_aligned``; this match splits a
+  node where it ends inside one and refreshes LRU stamps), then ``req.lock = tree.lock(req.last_node)``
+  (``PrefillAdder``), then the capacity check: the new pages must fit into
+  ``allocator.available_size() + tree.evictable_size()`` (what eviction can reach); if not,
+  ``tree.unlock(req.lock)`` and ``OutOfBlocks``. Otherwise ``allocator.evict_to_free_tokens(tree,
+  n)`` (SGLang's own eviction for an allocation), ``allocator.alloc(n)``, a row from
+  ``req_to_token_pool.alloc([req])``, and the row is written as ``alloc_for_extend`` leaves it: the
+  prefix's tree indices (``tree.prefix_device_indices(req)``) then the new slots. The request's KV
+  is published at the next ``step()``: ``checkpoint_kv_cache(req, tree)`` inserts the prompt's
+  full pages, frees the request's own pages whose content the tree already holds, and rewrites the
+  request's row to the tree's pages (``publish="step"``; SEMANTICS.md section 6 allows the rewrite).
+- **append** (decode) = for each token, as ``alloc_for_decode_default`` does: ``allocator.alloc(1)``
+  for ``B == 1``, else ``allocator.alloc_decode`` with the request's sequence length and last slot
+  (a new page when the last one is full), after ``evict_to_free_tokens`` when a page is needed;
+  the slot is written into the row and the token appended to ``req.output_ids``;
+  ``kv_committed_len`` and ``kv_allocated_len`` advance as the scheduler advances them after a
+  decode step. The capacity check runs first for all tokens, so a
+  refused append changes nothing (``OutOfBlocks``; SGLang's scheduler would retract a request
+  instead). Decode KV is not published until the request finishes (``publish_decode="free"``).
+  SGLang has no block-level fork or copy-on-write: ``fork=False``, ``copies`` always empty.
+- **free** = ``req.finished_reason = FINISH_ABORT()`` (a finished request), then
+  ``release_kv_cache(req, tree, checkpoint=True)``: inserts prompt and output KV, frees the rest,
+  unlocks the path and frees the row.
+- **lookup** = a fresh ``Req`` that is never admitted and ``init_next_round_input(tree)``: the hit
+  length of an admission now, but the match splits nodes and refreshes LRU stamps
+  (``lookup_is_pure=False``).
+- **reset** = what ``Scheduler.flush_cache`` does when the scheduler is idle: ``tree.reset()``,
+  ``req_to_token_pool.clear()``, ``allocator.clear()``; ``False`` while a request is live.
+- **Observations.** ``block_table`` = the pages of the request's row (every ``B``-th slot ``// B``,
+  minus one); ``num_free_blocks`` = ``(allocator.available_size() + tree.evictable_size()) // B``
+  (free pages plus cached pages no request holds). SGLang counts locks per tree node, not
+  references per page, and keeps no ordered free queue: ``ref_cnt=False``, ``free_queue=False``.
+- **Extras.** ``cache_salt`` → ``Req(cache_salt=salt or None)``, a field of its own in SGLang's
+  ``RadixKey``. LoRA: SGLang identifies an adapter by its ``lora_id`` string (a uuid4 hex in its
+  ``LoRARegistry``); the spec's ``(name, id)`` becomes ``uuid5(NAMESPACE, f"{name}\\x00{id}").hex``
+  (:func:`lora_id_string`), 32 hex digits like a real one, and ``Req.__init__`` itself turns it into
+  the radix key's ``extra_key`` as ``(extra_key or "") + lora_id`` (no separator; the spec has no
+  input that sets ``extra_key``, so here ``extra_key = lora_id``). ``spell_extras`` returns that
+  string (``spells_extras=True``). Multimodal items and prompt embeddings are not declared (they
+  need SGLang's multimodal processor and a model).
+- **Policy.** A radix tree with leaf-first LRU eviction: ``free_order="other"``,
+  ``dedup_on_full=None``; judged at ``core`` and ``maximal``.
+- **Errors.** SGLang's tree does not validate input (its tokenizer manager does, above it):
+  ``input_errors=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+from pagedprefix.spec import (
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    DuplicateRequest,
+    Extras,
+    OutOfBlocks,
+    RequestId,
+    UnknownRequest,
+)
+
+from ..protocol import AdapterBase, Capabilities, EngineUnavailable, UnsupportedConfig
+from . import _harness
+from ._harness import Loaded, StandIn
+
+VERSION = "0.5.23"
+"""The SGLang release this adapter is written against (``pip install --no-deps sglang==0.5.23``)."""
+
+LORA_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "pagedprefix:lora")
+SAMPLING_MAX_NEW_TOKENS = 2**20
+MAX_RUNNING_REQUESTS = 64
+MAX_CONTEXT_LEN = 2**18
+
+TARGETS: tuple[str, ...] = (
+    "sglang.srt.mem_cache.radix_cache",
+    "sglang.srt.mem_cache.cache_init_params",
+    "sglang.srt.mem_cache.base_prefix_cache",
+    "sglang.srt.mem_cache.allocator.paged",
+    "sglang.srt.mem_cache.allocator.token",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.common",
+    "sglang.srt.managers.schedule_batch",
+    "sglang.srt.sampling.sampling_params",
+    "sglang.srt.mem_cache.unified_radix_cache",
+    "sglang.srt.mem_cache.unified_cache.components",
+)
+"""The SGLang modules the adapter drives."""
+
+_UTILS_COMMON = (
+    "ceil_align", "get_int_env_var", "get_bool_env_var", "is_hip", "is_cuda", "is_mps",
+    "get_num_new_pages", "next_power_of_2", "is_xpu", "get_device_module", "assert_int64_array",
+    "is_gfx95_supported",
+)
+
+STAND_INS: tuple[StandIn, ...] = (
+    StandIn(
+        "sglang", "package",
+        "its __init__ imports the frontend language and transformers patches (orjson, transformers)",
+    ),
+    StandIn(
+        "sglang.srt.utils", "package",
+        "its __init__ star-imports sglang.srt.utils.common (orjson, requests, Triton, Pillow, "
+        "starlette); other names resolve from the partial common module",
+        exports=(("is_port_available", "sglang.srt.utils.network"), ("*", "sglang.srt.utils.common")),
+    ),
+    StandIn(
+        "sglang.srt.utils.common", "partial",
+        "imports orjson, pybase64, requests, Triton, Pillow and starlette; the cache uses these "
+        "small helpers of it (ceil_align among them)",
+        names=_UTILS_COMMON,
+    ),
+    StandIn(
+        "sglang.kernels.ops.kvcache.mla_buffer", "placeholder",
+        "Triton kernels for MLA KV buffers, re-exported by mem_cache.utils; never called",
+        names=(
+            "get_mla_kv_buffer_kernel", "get_mla_kv_buffer_triton", "set_mla_kv_buffer_dcp_sharded_triton",
+            "set_mla_kv_buffer_fp8_quant_kernel", "set_mla_kv_buffer_kernel", "set_mla_kv_buffer_triton",
+            "set_mla_kv_buffer_triton_fp8_quant", "set_mla_kv_scale_buffer_kernel",
+            "set_mla_kv_scale_buffer_triton",
+        ),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.allocator", "package",
+        "its __init__ imports every allocator, some with Triton kernels; base and paged are kept real",
+        exports=(("BaseTokenToKVPoolAllocator", "sglang.srt.mem_cache.allocator.base"),),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.allocator.paged", "partial",
+        "imports the Triton alloc kernels; PagedTokenToKVPoolAllocator falls back to its own torch "
+        "code (alloc_decode_naive) when the platform has no Triton",
+        names=("PagedTokenToKVPoolAllocator",),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.memory_pool", "partial",
+        "imports Triton and the device KV pools; ReqToTokenPool is plain torch",
+        names=("ReqToTokenPool", "KVCache", "MHATokenToKVPool", "MLATokenToKVPool", "DSATokenToKVPool",
+               "MHATokenToKOnlyPool"),
+    ),
+    StandIn(
+        "sglang.srt.observability.metrics_collector", "placeholder",
+        "imports the config stack (transformers) and prometheus; the collectors are annotations and "
+        "are built only with metrics on (every name is a placeholder)",
+        names=("*",),
+    ),
+    StandIn(
+        "sglang.srt.dllm.config", "placeholder",
+        "imports the server-argument stack; DllmConfig is None for an autoregressive request",
+        names=("DllmConfig",),
+    ),
+    StandIn(
+        "sglang.srt.disaggregation.utils", "partial",
+        "imports the model config (transformers); Req and its time stats need DisaggregationMode",
+        names=("DisaggregationMode", "FAKE_BOOTSTRAP_HOST"),
+    ),
+    StandIn(
+        "sglang.srt.model_executor.forward_batch_info", "partial",
+        "imports the model executor (Triton kernels, layers); Req needs the CaptureHiddenMode enum "
+        "and its time stats ForwardMode",
+        names=("CaptureHiddenMode", "ForwardMode"),
+    ),
+    StandIn(
+        "sglang.srt.distributed", "package",
+        "its __init__ star-imports the collective-communication stack (NCCL, Triton); "
+        "UnifiedRadixCache needs the real submodule communication_tags",
+    ),
+    StandIn(
+        "sglang.srt.managers.cache_controller", "placeholder",
+        "the HiCache controller (host pools, storage backends, NCCL); UnifiedRadixCache builds it "
+        "only for a hierarchical cache (every name is a placeholder)",
+        names=("*",),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "placeholder",
+        "the hybrid HiCache controller (page-interleaved host pools, NCCL, Triton); built only for "
+        "a hierarchical cache (every name is a placeholder)",
+        names=("*",),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.common", "partial",
+        "imports Triton memory kernels; the scheduler-side functions the adapter calls are plain "
+        "Python over the tree, the allocator and the row",
+        names=("match_kv_cache", "checkpoint_kv_cache", "release_kv_cache", "_evict_until_allocatable",
+               "coalesce_ranges", "free_kv_row_segments", "RetractionBackup", "free_swa_out_of_window_slots"),
+    ),
+    StandIn(
+        "sglang.srt.managers.schedule_batch", "partial",
+        "imports the model executor, grammar backends, disaggregation and multimodal transport; "
+        "the Req class (with the extra_key + lora_id line) and its finish reasons are run from "
+        "the installed file",
+        names=("Req", "ReqKvInfo", "ReqLogprob", "get_return_hidden_states_mode", "FINISH_ABORT"),
+    ),
+)
+"""The harness's stand-ins, in the order they are tried (each only when its real module fails)."""
+
+_LOADED: Loaded | None = None
+
+
+def _check_python() -> None:
+    if sys.version_info < (3, 11):
+        raise EngineUnavailable(f"SGLang {VERSION} needs Python >= 3.11, this is {sys.version.split()[0]}")
+
+
+def loaded() -> Loaded:
+    """SGLang's cache modules, loaded once (real if possible, else through the harness).
+
+    Raises :class:`~pagedprefix.conformance.protocol.EngineUnavailable` when SGLang is not installed
+    or Python is older than 3.11.
+    """
+    global _LOADED
+    if _LOADED is None:
+        _check_python()
+        _LOADED = _harness.load("sglang", "sglang", TARGETS + ("sglang.srt.runtime_context",), STAND_INS)
+        _publish_runtime_defaults(_LOADED.modules["sglang.srt.runtime_context"])
+        if "SGLANG_LOGGING_LEVEL" not in os.environ:
+            logging.getLogger("sglang").setLevel(logging.ERROR)
+    return _LOADED
+
+
+RUNTIME_DEFAULTS: dict[str, dict[str, Any]] = {
+    "serving": {"strip_thinking_cache": False},
+    "spec": {"speculative_algorithm": None},
+}
+"""The runtime-config leaves the driven code reads (``Req.owned_kv_len``, ``release_kv_cache``),
+with ``ServerArgs``' defaults."""
+
+
+def _publish_runtime_defaults(runtime_context: Any) -> None:
+    """SGLang's code reads process-wide config bags that its launcher publishes from ``ServerArgs``
+    (``runtime_context.publish``); building ``ServerArgs`` needs the whole server stack, so each
+    namespace of :data:`RUNTIME_DEFAULTS` that nobody has published yet gets a bag (SGLang's own
+    ``_ConfigBag``) holding just those defaults. A namespace already published is left alone."""
+    context = runtime_context._CONTEXT
+    for namespace, leaves in RUNTIME_DEFAULTS.items():
+        if context.is_config_namespace_published(namespace):
+            continue
+        bag = runtime_context._ConfigBag(namespace)
+        for leaf, value in leaves.items():
+            bag._set(leaf, value)
+        context._config_bags = {**(context._config_bags or {}), namespace: bag}
+
+
+def sglang_rid(request_id: RequestId) -> str:
+    """SGLang's string rid for a spec request id (``1`` and ``"1"`` stay apart)."""
+    return f"{type(request_id).__name__}:{request_id}"
+
+
+def lora_id_string(name: str, lora_id: int) -> str:
+    """SGLang's ``lora_id`` (32 hex digits, like its registry's uuid4 hex) for a spec LoRA identity."""
+    return uuid.uuid5(LORA_NAMESPACE, f"{name}\x00{lora_id}").hex
+
+
+CAPABILITIES = Capabilities(
+    fork=False,
+    ref_cnt=False,
+    free_queue=False,
+    keys=False,
+    reset=True,
+    input_errors=False,
+    extras=frozenset({"lora", "cache_salt"}),
+    free_order="other",
+    dedup_on_full=None,
+    exact_ids=False,
+    publish="step",
+    publish_decode="free",
+    lookup=True,
+    lookup_is_pure=False,
+    block_sizes=None,
+    weak_hash=False,
+    verify_tokens=False,
+    spells_extras=True,
+)
+
+
+class SglangAdapter(AdapterBase):
+    """One SGLang ``RadixCache`` seen through the spec's operations (see the module docstring)."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, config: CacheConfig, *, tree: str = "radix") -> None:
+        if tree not in ("radix", "unified"):
+            raise ValueError(f"tree must be 'radix' or 'unified', got {tree!r}")
+        if config.verify_tokens:
+            raise UnsupportedConfig("SGLang's tree compares tokens exactly; verify_tokens does not apply")
+        mods = loaded().modules
+        torch = __import__("torch")
+        self._torch = torch
+        self._batch = mods["sglang.srt.managers.schedule_batch"]
+        self._common = mods["sglang.srt.mem_cache.common"]
+        self._sampling = mods["sglang.srt.sampling.sampling_params"].SamplingParams
+        B, N = config.block_size, config.num_blocks
+        self.block_size, self.num_blocks = B, N
+        if B == 1:  # SGLang's choice for page_size 1 (its paged allocator assumes pages > 1)
+            self.allocator: Any = mods["sglang.srt.mem_cache.allocator.token"].TokenToKVPoolAllocator(
+                size=N, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
+            )
+        else:
+            self.allocator = mods["sglang.srt.mem_cache.allocator.paged"].PagedTokenToKVPoolAllocator(
+                size=N * B, page_size=B, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
+            )
+        self.max_running = min(N, MAX_RUNNING_REQUESTS)
+        self.context_len = min(N * B, MAX_CONTEXT_LEN)
+        self.req_to_token_pool: Any = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool(
+            size=self.max_running, max_context_len=self.context_len + 1, device="cpu",
+            enable_memory_saver=False,
+        )
+        params = mods["sglang.srt.mem_cache.cache_init_params"].CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=B,
+        )
+        if tree == "radix":
+            self.tree: Any = mods["sglang.srt.mem_cache.radix_cache"].RadixCache(params)
+        else:  # what registry.create_unified_radix_cache builds for a full-attention model
+            components = mods["sglang.srt.mem_cache.unified_cache.components"]
+            params.tree_components = (components.ComponentType.FULL,)
+            self.tree = mods["sglang.srt.mem_cache.unified_radix_cache"].UnifiedRadixCache(params)
+        self.tree_kind = tree
+        self.requests: dict[str, Any] = {}
+        self.pending: list[Any] = []  # admitted, not yet published (checkpointed)
+
+    # ----- requests ---------------------------------------------------------------------------
+
+    def _req(self, rid: str, tokens: Sequence[int], extras: Extras) -> Any:
+        lora = None if extras.lora is None else lora_id_string(extras.lora.name, extras.lora.lora_id)
+        return self._batch.Req(
+            rid,
+            "",
+            array("q", tokens),
+            self._sampling(max_new_tokens=SAMPLING_MAX_NEW_TOKENS),
+            lora_id=lora,
+            cache_salt=extras.cache_salt or None,
+        )
+
+    def spell_extras(self, extras: Extras) -> dict[str, str]:
+        """The strings SGLang keys extras by: the LoRA's ``lora_id`` and the ``cache_salt``."""
+        out: dict[str, str] = {}
+        if extras.lora is not None:
+            out["lora"] = lora_id_string(extras.lora.name, extras.lora.lora_id)
+        if extras.cache_salt:
+            out["cache_salt"] = extras.cache_salt
+        return out
+
+    def _live(self, request_id: RequestId) -> Any:
+        req = self.requests.get(sglang_rid(request_id))
+        if req is None:
+            raise UnknownRequest(f"request {request_id!r} is not live")
+        return req
+
+    def _row(self, req: Any) -> Any:
+        return self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+
+    def _table(self, req: Any) -> tuple[int, ...]:
+        n = int(req.kv.kv_allocated_len)
+        slots = self._row(req)[0:n:self.block_size].tolist()
+        return tuple(int(s) // self.block_size - 1 for s in slots)
+
+    def _room(self) -> int:
+        """Tokens an allocation can get now: free pages plus what eviction can reach."""
+        return int(self.allocator.available_size()) + int(self.tree.evictable_size())
+
+    def _refuse(self, pages: int, held: int) -> OutOfBlocks:
+        room = self._room() // self.block_size
+        return OutOfBlocks(pages, room, self.num_blocks, held + pages,
+                           message=f"SGLang: {pages} more pages, {room} free or evictable")
+
+    # ----- operations -------------------------------------------------------------------------
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        rid = sglang_rid(request_id)
+        if rid in self.requests:
+            raise DuplicateRequest(f"request {request_id!r} is live")
+        B, n = self.block_size, len(tokens)
+        if n > self.context_len:
+            raise OutOfBlocks(message=f"SGLang: {n} tokens past its context length {self.context_len}")
+        if self.req_to_token_pool.available_size() == 0:
+            raise OutOfBlocks(message=f"SGLang: all {self.max_running} request rows in use")
+        req = self._req(rid, tokens, extras)
+        req.init_next_round_input(self.tree)
+        prefix = int(req.prefix_len)
+        req.lock = self.tree.lock(req.last_node)
+        pages = -(-n // B) - prefix // B
+        if pages * B > self._room():
+            self.tree.unlock(req.lock)
+            req.lock = None
+            raise self._refuse(pages, prefix // B)
+        self.allocator.evict_to_free_tokens(self.tree, pages * B)
+        slots = self.allocator.alloc(pages * B)
+        if slots is None or self.req_to_token_pool.alloc([req]) is None:
+            raise RuntimeError("SGLang refused an allocation that its capacity said fits")
+        idx = req.kv.req_pool_idx
+        self.req_to_token_pool.write((idx, slice(0, prefix)), self.tree.prefix_device_indices(req))
+        self.req_to_token_pool.write((idx, slice(prefix, n)), slots[: n - prefix].to(self._torch.int32))
+        req.kv.kv_allocated_len = n
+        req.kv.kv_committed_len = n
+        req.extend_end = n
+        self.requests[rid] = req
+        self.pending.append(req)
+        return Allocation(prefix, self._table(req))
+
+    def step(self) -> None:
+        """The prefill step's end: SGLang publishes each admitted prompt (``checkpoint_kv_cache``)."""
+        pending, self.pending = self.pending, []
+        for req in pending:
+            if self.requests.get(req.rid) is req:
+                self._common.checkpoint_kv_cache(req, self.tree)
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+        req = self._live(request_id)
+        B, torch = self.block_size, self._torch
+        length = int(req.kv.kv_allocated_len)
+        if length + len(tokens) > self.context_len:
+            raise OutOfBlocks(message=f"SGLang: {length + len(tokens)} tokens past its context length")
+        pages = -(-(length + len(tokens)) // B) - -(-length // B)
+        if pages * B > self._room():
+            raise self._refuse(pages, -(-length // B))
+        idx = req.kv.req_pool_idx
+        for token in tokens:
+            if length % B == 0:
+                self.allocator.evict_to_free_tokens(self.tree, B)
+            if B == 1:  # alloc_for_decode_default: alloc_token_slots
+                slot = self.allocator.alloc(1)
+            else:  # alloc_for_decode_default: alloc_paged_token_slots_decode
+                seq = torch.tensor([length + 1], dtype=torch.int64)
+                last = self._row(req)[length - 1 : length].to(torch.int64)
+                slot = self.allocator.alloc_decode(seq, seq, last)
+            if slot is None:
+                raise RuntimeError("SGLang refused a decode slot that its capacity said fits")
+            self.req_to_token_pool.write((idx, slice(length, length + 1)), slot.to(torch.int32))
+            req.output_ids.append(int(token))
+            length += 1
+            req.kv.kv_allocated_len = length
+            req.kv.kv_committed_len = length
+        return AppendResult((), self._table(req))
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        raise NotImplementedError("SGLang has no block-level fork (capability fork=False)")
+
+    def free(self, request_id: RequestId) -> None:
+        req = self._live(request_id)
+        req.finished_reason = self._batch.FINISH_ABORT()
+        self._common.release_kv_cache(req, self.tree, checkpoint=True)
+        del self.requests[req.rid]
+
+    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+        req = self._req("pagedprefix-lookup", tokens, extras)
+        req.init_next_round_input(self.tree)
+        return int(req.prefix_len)
+
+    def reset_prefix_cache(self) -> bool:
+        if self.requests:
+            return False
+        self.tree.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        return True
+
+    # ----- observations -----------------------------------------------------------------------
+
+    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
+        return self._table(self._live(request_id))
+
+    def num_free_blocks(self) -> int:
+        return self._room() // self.block_size
+
+    def close(self) -> None:
+        self.requests.clear()
+        self.pending.clear()
+
+
+def sglang_unified(config: CacheConfig) -> SglangAdapter:
+    """SGLang 0.5.23's default server cache, ``UnifiedRadixCache`` with one full-attention component
+    (``--engine pagedprefix.conformance.engines.sglang:sglang_unified``)."""
+    return SglangAdapter(config, tree="unified")
+
+
+def sglang(config: CacheConfig) -> SglangAdapter:
+    """The conformance factory (``--engine pagedprefix.conformance.engines.sglang:sglang``)."""
+    return SglangAdapter(config)
+
+
+__all__ = [
+    "CAPABILITIES", "STAND_INS", "VERSION", "SglangAdapter", "lora_id_string", "sglang", "sglang_unified",
+]

@@ -1,0 +1,444 @@
+"""vLLM 0.33.0's own prefix cache behind the conformance protocol (``--engine vllm``).
+
+``vllm(config)`` builds vLLM's ``KVCacheManager`` (``vllm/v1/core/kv_cache_manager.py``) with one
+full-attention KV-cache group, so it drives ``KVCacheManager`` → ``UnitaryKVCacheCoordinator`` →
+``FullAttentionManager`` → ``BlockPool`` exactly as vLLM's scheduler does, fed vLLM's own ``Request``
+objects hashed by vLLM's own ``get_request_block_hasher``. Nothing of vLLM is re-implemented here:
+the adapter only translates arguments and results.
+
+Two ways to load it (``pagedprefix.conformance.engines._harness``):
+
+- a fully installed vLLM (an engine team's environment): every module is the real one, nothing is
+  replaced (``loaded().mode == "real"``);
+- a CPU-only machine with the wheel installed ``--no-deps`` (see ``conformance/engines/README.md``):
+  the real cache modules, with the stand-ins of :data:`STAND_INS` for the modules around them that do
+  not import without CUDA, tokenizers or servers (``loaded().mode == "harness"``).
+
+Mapping decisions
+-----------------
+- **Pool.** vLLM's block 0 is its *null block* (a placeholder, never handed to a request), so the
+  pool is built with ``num_blocks + 1`` blocks and every vLLM id is reported as ``id - 1``; the spec
+  ids ``0 .. N-1`` are vLLM's ``1 .. N``, and vLLM's initial free queue ``[1 .. N]`` is the spec's
+  ``[0 .. N-1]``.
+- **Config.** ``KVCacheConfig(num_blocks=N + 1, kv_cache_tensors=[], kv_cache_groups=[one
+  FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, float32)])``; the head geometry only
+  sizes tensors, which the manager never allocates. ``scheduler_block_size = hash_block_size = B``,
+  ``enable_caching=True``, ``max_model_len = 2**31`` (vLLM's scheduler rejects longer prompts before
+  they reach the manager; here no prompt is that long), no EAGLE, no lookahead, no connector,
+  watermark 0, stats and metrics off, KV events off unless ``kv_events=True``.
+- **Hash.** Set up as vLLM's engine core does (``vllm/v1/engine/core.py``, ``EngineCore.__init__``):
+  ``get_hash_fn_by_name(name)``, then ``init_none_hash(fn)``, then
+  ``get_request_block_hasher(B, fn)``. The spec's ``hash_algo="sha256"`` maps to vLLM's ``"sha256"``
+  (SHA-256 over pickle, vLLM's default), ``"xxh3_128"`` to vLLM's ``"xxhash"`` (XXH3-128 over pickle
+  with a random per-process root); ``"weak8"`` has no vLLM counterpart (``UnsupportedConfig``).
+  ``hash_seed`` is not mappable: vLLM takes the root's seed from ``PYTHONHASHSEED``, which the
+  adapter leaves alone. ``namespace``: vLLM has no namespace; a cache instance is one. vLLM's
+  ``NONE_HASH`` is a module global, so instances in one process share the root (``sha256``: fixed).
+  The keys are not the spec's bytes (``keys=False``).
+- **Requests.** The spec's request id ``x`` becomes vLLM's string id ``f"{type(x).__name__}:{x}"``
+  (``int:1`` and ``str:1`` stay apart). ``Request(request_id, prompt_token_ids, SamplingParams(
+  max_tokens=2**20), pooling_params=None, lora_request=..., cache_salt=..., block_hasher=...)``.
+- **allocate** = ``get_computed_blocks(request)`` (hit length, capped by vLLM at
+  ``num_tokens - 1``), then ``allocate_slots(request, num_tokens - hit, hit, hit_blocks,
+  full_sequence_must_fit=True)``, then ``request.num_computed_tokens = request.num_tokens`` and
+  ``status = RUNNING`` (the scheduler's bookkeeping after a prefill step). ``None`` from
+  ``allocate_slots`` is ``OutOfBlocks``. Keys are published by ``allocate_slots`` itself
+  (``publish="allocation"``).
+- **append** (decode) = ``request.append_output_token_ids(tokens)``, then
+  ``allocate_slots(request, len(tokens))``, then ``num_computed_tokens = num_tokens``; blocks that
+  fill get keys at once (``publish_decode="append"``). vLLM has no block-level fork or copy-on-write
+  (parallel sampling runs separate requests that share full blocks through the cache), so
+  ``fork=False`` and ``copies`` is always empty. When ``allocate_slots`` returns ``None``
+  (``OutOfBlocks``) the manager has changed nothing, and the adapter takes the appended tokens back
+  off its own ``Request`` object (``_all_token_ids``, ``_output_token_ids``, ``block_hashes``), which
+  is input it built, not engine state: vLLM's scheduler would instead keep the token and preempt.
+- **free** = ``KVCacheManager.free(request)`` (reverse table order, unkeyed blocks to the head of the
+  free queue, keyed ones to the tail: ``free_order="unhashed_to_head"``).
+- **lookup** = ``get_computed_blocks`` on a fresh ``Request`` that is never admitted: vLLM's scheduler
+  relies on it changing nothing when the admission then fails (it only reads the index; stats and
+  KV events are off), so ``lookup_is_pure=True``.
+- **reset** = ``KVCacheManager.reset_prefix_cache()``.
+- **Observations.** ``block_table`` = ``get_block_ids(id)[0]`` minus one; ``num_free_blocks`` =
+  ``block_pool.get_num_free_blocks()``; ``ref_cnt(b)`` = ``block_pool.blocks[b + 1].ref_cnt``;
+  ``free_blocks()`` = ``block_pool.free_block_queue.get_all_free_blocks()`` minus one, head first.
+- **Extras.** LoRA: the spec's identity ``(name, id)`` becomes ``LoRARequest(lora_name=name,
+  lora_int_id=id + 1, lora_path=f"pagedprefix-lora-id:{id}")``. vLLM keys a LoRA block by
+  ``("lora", lora_name, lora_path)`` (``kv_cache_utils._gen_lora_extra_hash_keys``) and never by
+  ``lora_int_id``, which must be ``>= 1`` (``LoRARequest.__post_init__``): the path carries the id
+  so that two identities the spec keeps apart get different keys, and ``id + 1`` only satisfies the
+  constructor. ``cache_salt``: ``Request(cache_salt=salt or None)``; vLLM keys it as
+  ``("cache_salt", salt)`` in block 0 only, and an empty salt is no salt, as in the spec.
+  Multimodal items and prompt embeddings are not declared: vLLM's ``MultiModalFeatureSpec`` and
+  ``PlaceholderRange`` live in ``vllm.multimodal.inputs``, which does not import without Pillow and
+  the model-input stack, and prompt embeddings need a model's embedding tensors.
+- **Policy.** vLLM 0.33 follows one policy whatever the config says: ``free_order="unhashed_to_head"``
+  (``BlockPool.free_blocks``), ``dedup_on_full=False`` (``BlockPool.cache_full_blocks`` keeps a block
+  whose key is already cached as a duplicate). Physical ids (after the null-block shift) are the
+  spec's: ``exact_ids=True``.
+- **Errors.** vLLM's KV-cache manager does not validate input (vLLM's input processor does, above
+  it), so ``input_errors=False``; the adapter raises ``UnknownRequest`` / ``DuplicateRequest`` only
+  because it must find the ``Request`` object it keeps per id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pagedprefix.spec import (
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    DuplicateRequest,
+    Extras,
+    OutOfBlocks,
+    RequestId,
+    UnknownRequest,
+)
+
+from ..protocol import AdapterBase, Capabilities, UnsupportedConfig
+from . import _harness
+from ._harness import Loaded, StandIn
+
+VERSION = "0.33.0"
+"""The vLLM release this adapter is written against (``pip install --no-deps vllm==0.33.0``)."""
+
+MAX_MODEL_LEN = 2**31
+SAMPLING_MAX_TOKENS = 2**20
+HASH_NAMES: dict[str, str] = {"sha256": "sha256", "xxh3_128": "xxhash"}
+
+TARGETS: tuple[str, ...] = (
+    "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.request",
+    "vllm.utils.hashing",
+    "vllm.lora.request",
+    "vllm.sampling_params",
+    "vllm.distributed.kv_events",
+)
+"""The real vLLM modules the adapter drives (all real in both modes)."""
+
+
+class SamplingParams:
+    """Stand-in for ``vllm.sampling_params.SamplingParams`` (the real one imports the tokenizer stack,
+    ``transformers``). ``Request.__init__`` and ``Request.get_skip_reading_prefix_cache`` read only
+    these four attributes; the KV-cache manager reads none."""
+
+    def __init__(self, max_tokens: int = 16) -> None:
+        self.max_tokens = max_tokens
+        self.extra_args: dict[str, Any] | None = None
+        self.structured_outputs: Any = None
+        self.skip_reading_prefix_cache: bool | None = None
+
+
+def _sampling_params(module: types.ModuleType) -> None:
+    SamplingParams.__module__ = module.__name__
+    module.SamplingParams = SamplingParams  # type: ignore[attr-defined]
+
+
+STAND_INS: tuple[StandIn, ...] = (
+    StandIn(
+        "vllm.distributed", "package",
+        "its __init__ imports the collective-communication stack (psutil, NCCL wrappers); the cache "
+        "needs only the real submodule vllm.distributed.kv_events (event classes, MEDIUM_*)",
+    ),
+    StandIn(
+        "vllm.config", "package",
+        "its __init__ imports every config class (transformers, the attention backends); the cache "
+        "imports VllmConfig and friends for annotations only, and KVCacheSpecRegistry calls "
+        "get_current_vllm_config_or_none() (re-exported from the partial vllm.config.vllm)",
+        names=("VllmConfig", "ModelConfig", "PoolerConfig", "SpeculativeConfig", "StructuredOutputsConfig"),
+        exports=(("get_current_vllm_config_or_none", "vllm.config.vllm"),),
+    ),
+    StandIn(
+        "vllm.config.vllm", "partial",
+        "VllmConfig's module imports transformers; only the current-config global and its getter "
+        "(None: no config was set, as in a bare KVCacheManager) are needed",
+        names=("_current_vllm_config", "get_current_vllm_config_or_none"),
+    ),
+    StandIn(
+        "vllm.utils.network_utils", "placeholder",
+        "imports psutil; kv_events uses these only in its ZMQ publisher, which the adapter never builds",
+        names=("get_ip", "get_tcp_uri", "is_valid_ipv6_address", "split_zmq_path"),
+    ),
+    StandIn(
+        "vllm.multimodal", "package",
+        "its __init__ imports Pillow; the cache imports two names from submodules",
+    ),
+    StandIn(
+        "vllm.multimodal.utils", "placeholder",
+        "imports Pillow; get_mm_features_in_window is called only for requests with multimodal "
+        "features, which the adapter never sends (mm is not declared)",
+        names=("get_mm_features_in_window",),
+    ),
+    StandIn(
+        "vllm.multimodal.inputs", "placeholder",
+        "imports Pillow; MultiModalFeatureSpec is an annotation in Request",
+        names=("MultiModalFeatureSpec",),
+    ),
+    StandIn(
+        "vllm.sampling_params", "custom",
+        "imports the tokenizer stack (transformers); Request reads four attributes of it "
+        "(SamplingParams in this module), StructuredOutputsParams is an annotation",
+        names=("StructuredOutputsParams",),
+        build=_sampling_params,
+    ),
+    StandIn(
+        "vllm.pooling_params", "placeholder",
+        "imports vllm.sampling_params' real enums and the config stack; Request gets pooling_params=None",
+        names=("PoolingParams",),
+    ),
+    StandIn(
+        "vllm.compilation.cuda_graph", "placeholder",
+        "imports the CUDA-graph and NCCL stack (psutil); CUDAGraphStat is an annotation in "
+        "vllm.v1.metrics.stats",
+        names=("CUDAGraphStat",),
+    ),
+    StandIn(
+        "vllm.v1.metrics.perf", "placeholder",
+        "imports prometheus_client; PerfStats is an annotation in vllm.v1.metrics.stats",
+        names=("PerfStats",),
+    ),
+    StandIn(
+        "vllm.v1.spec_decode.metrics", "placeholder",
+        "imports prometheus_client; SpecDecodingStats is an annotation in vllm.v1.metrics.stats",
+        names=("SpecDecodingStats",),
+    ),
+    StandIn(
+        "vllm.v1.outputs", "placeholder",
+        "imports the scheduler output and multimodal stack; these are annotations in vllm.v1.engine",
+        names=("LogprobsLists", "LogprobsTensors", "SamplingMaskLists"),
+    ),
+    StandIn(
+        "vllm.v1.serial_utils", "placeholder",
+        "imports cloudpickle and the multimodal stack; UtilityResult is an annotation in vllm.v1.engine",
+        names=("UtilityResult",),
+    ),
+    StandIn(
+        "vllm.v1.structured_output", "package",
+        "its __init__ imports the grammar backends (openai, xgrammar); Request needs the real "
+        "submodule vllm.v1.structured_output.request",
+    ),
+    StandIn(
+        "vllm.v1.utils", "partial",
+        "imports uvloop, psutil and the engine-process utilities; Request needs vLLM's own "
+        "ConstantList (the read-only token views the block hasher slices) and kv_cache_utils "
+        "tensor_data (prompt-embeds hashing, not driven)",
+        names=("T", "ConstantList", "tensor_data"),
+    ),
+)
+"""The harness's stand-ins, in the order they are tried (each only when its real module fails)."""
+
+_LOADED: Loaded | None = None
+
+
+def loaded() -> Loaded:
+    """vLLM's cache modules, loaded once (real if possible, else through the harness).
+
+    Raises :class:`~pagedprefix.conformance.protocol.EngineUnavailable` when vLLM is not installed.
+    """
+    global _LOADED
+    if _LOADED is None:
+        _LOADED = _harness.load("vllm", "vllm", TARGETS, STAND_INS)
+        if "VLLM_LOGGING_LEVEL" not in os.environ:
+            # vLLM warns on every refused reset_prefix_cache and every xxhash root; a conformance
+            # run makes thousands of those. VLLM_LOGGING_LEVEL, when set, is left in charge.
+            logging.getLogger("vllm").setLevel(logging.ERROR)
+    return _LOADED
+
+
+def vllm_request_id(request_id: RequestId) -> str:
+    """vLLM's string id for a spec request id (``1`` and ``"1"`` stay apart)."""
+    return f"{type(request_id).__name__}:{request_id}"
+
+
+def lora_path(lora_id: int) -> str:
+    """The ``lora_path`` that carries a spec LoRA id (vLLM keys a LoRA by name and path)."""
+    return f"pagedprefix-lora-id:{lora_id}"
+
+
+CAPABILITIES = Capabilities(
+    fork=False,
+    ref_cnt=True,
+    free_queue=True,
+    keys=False,
+    reset=True,
+    input_errors=False,
+    extras=frozenset({"lora", "cache_salt"}),
+    free_order="unhashed_to_head",
+    dedup_on_full=False,
+    exact_ids=True,
+    publish="allocation",
+    publish_decode="append",
+    lookup=True,
+    lookup_is_pure=True,
+    block_sizes=None,
+    weak_hash=False,
+    verify_tokens=False,
+    spells_extras=False,
+)
+
+
+class VllmAdapter(AdapterBase):
+    """One vLLM ``KVCacheManager`` seen through the spec's operations (see the module docstring)."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, config: CacheConfig, *, kv_events: bool = False) -> None:
+        algo = HASH_NAMES.get(config.hash_algo)
+        if algo is None:
+            raise UnsupportedConfig(f"vLLM has no counterpart of hash_algo={config.hash_algo!r}")
+        if config.verify_tokens:
+            raise UnsupportedConfig("vLLM has no verify_tokens")
+        mods = loaded().modules
+        torch = __import__("torch")
+        iface = mods["vllm.v1.kv_cache_interface"]
+        utils = mods["vllm.v1.core.kv_cache_utils"]
+        self._req_mod = mods["vllm.v1.request"]
+        self._lora_cls: Callable[..., Any] = mods["vllm.lora.request"].LoRARequest
+        self._sampling_cls: Callable[..., Any] = mods["vllm.sampling_params"].SamplingParams
+        self.block_size = config.block_size
+        self.num_blocks = config.num_blocks
+        spec = iface.FullAttentionSpec(
+            block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+        )
+        kv_cache_config = iface.KVCacheConfig(
+            num_blocks=config.num_blocks + 1,
+            kv_cache_tensors=[],
+            kv_cache_groups=[iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)],
+        )
+        self.manager: Any = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
+            kv_cache_config,
+            max_model_len=MAX_MODEL_LEN,
+            scheduler_block_size=config.block_size,
+            hash_block_size=config.block_size,
+            enable_caching=True,
+            log_stats=False,
+            enable_kv_cache_events=kv_events,
+        )
+        self.pool: Any = self.manager.block_pool
+        hash_fn = mods["vllm.utils.hashing"].get_hash_fn_by_name(algo)
+        utils.init_none_hash(hash_fn)
+        self._hasher = utils.get_request_block_hasher(config.block_size, hash_fn)
+        self.requests: dict[str, Any] = {}
+
+    # ----- requests ---------------------------------------------------------------------------
+
+    def _request(self, vid: str, tokens: Sequence[int], extras: Extras) -> Any:
+        lora = None
+        if extras.lora is not None:
+            name, lora_id = extras.lora.name, extras.lora.lora_id
+            lora = self._lora_cls(lora_name=name, lora_int_id=lora_id + 1, lora_path=lora_path(lora_id))
+        return self._req_mod.Request(
+            request_id=vid,
+            prompt_token_ids=list(tokens),
+            sampling_params=self._sampling_cls(max_tokens=SAMPLING_MAX_TOKENS),
+            pooling_params=None,
+            lora_request=lora,
+            cache_salt=extras.cache_salt or None,
+            block_hasher=self._hasher,
+        )
+
+    def _live(self, request_id: RequestId) -> tuple[str, Any]:
+        vid = vllm_request_id(request_id)
+        request = self.requests.get(vid)
+        if request is None:
+            raise UnknownRequest(f"request {request_id!r} is not live")
+        return vid, request
+
+    def _table(self, vid: str) -> tuple[int, ...]:
+        return tuple(b - 1 for b in self.manager.get_block_ids(vid)[0])
+
+    def _out_of_blocks(self, request: Any, held: int) -> OutOfBlocks:
+        total = -(-request.num_tokens // self.block_size)
+        free = self.pool.get_num_free_blocks()
+        return OutOfBlocks(
+            total - held, free, self.num_blocks, total,
+            message=f"vLLM's allocate_slots refused: {total - held} more blocks, {free} free",
+        )
+
+    # ----- operations -------------------------------------------------------------------------
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        vid = vllm_request_id(request_id)
+        if vid in self.requests:
+            raise DuplicateRequest(f"request {request_id!r} is live")
+        request = self._request(vid, tokens, extras)
+        hit_blocks, hit, _ = self.manager.get_computed_blocks(request)
+        new_blocks = self.manager.allocate_slots(
+            request, request.num_tokens - hit, hit, hit_blocks, full_sequence_must_fit=True
+        )
+        if new_blocks is None:
+            raise self._out_of_blocks(request, hit // self.block_size)
+        request.num_computed_tokens = request.num_tokens
+        request.status = self._req_mod.RequestStatus.RUNNING
+        self.requests[vid] = request
+        return Allocation(hit, self._table(vid))
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+        vid, request = self._live(request_id)
+        all_ids, out_ids, hashes = request._all_token_ids, request._output_token_ids, request.block_hashes
+        n_all, n_out, n_hashes = len(all_ids), len(out_ids), len(hashes)
+        request.append_output_token_ids(list(tokens))
+        if self.manager.allocate_slots(request, len(tokens)) is None:
+            error = self._out_of_blocks(request, len(self.manager.get_block_ids(vid)[0]))
+            del all_ids[n_all:], out_ids[n_out:], hashes[n_hashes:]
+            raise error
+        request.num_computed_tokens = request.num_tokens
+        return AppendResult((), self._table(vid))
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        raise NotImplementedError("vLLM has no block-level fork (capability fork=False)")
+
+    def free(self, request_id: RequestId) -> None:
+        vid, request = self._live(request_id)
+        self.manager.free(request)
+        del self.requests[vid]
+
+    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+        request = self._request("pagedprefix-lookup", tokens, extras)
+        _, hit, _ = self.manager.get_computed_blocks(request)
+        return int(hit)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.manager.reset_prefix_cache())
+
+    # ----- observations -----------------------------------------------------------------------
+
+    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
+        vid, _ = self._live(request_id)
+        return self._table(vid)
+
+    def num_free_blocks(self) -> int:
+        return int(self.pool.get_num_free_blocks())
+
+    def ref_cnt(self, block_id: int) -> int:
+        return int(self.pool.blocks[block_id + 1].ref_cnt)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        return tuple(b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks())
+
+    def take_events(self) -> list[Any]:
+        """vLLM's own KV-cache events since the last call (``KVCacheManager.take_events``; only with
+        ``kv_events=True``). They carry no sequence numbers: vLLM's publisher numbers batches."""
+        return list(self.manager.take_events())
+
+    def close(self) -> None:
+        self.requests.clear()
+
+
+def vllm(config: CacheConfig) -> VllmAdapter:
+    """The conformance factory: ``pagedprefix conform --engine pagedprefix.conformance.engines.vllm:vllm``."""
+    return VllmAdapter(config)
+
+
+def vllm_with_events(config: CacheConfig) -> VllmAdapter:
+    """Like :func:`vllm`, with vLLM's KV-cache event queue on (read it with ``take_events()``)."""
+    return VllmAdapter(config, kv_events=True)

@@ -1,0 +1,113 @@
+"""SGLang 0.5.23's own RadixCache / UnifiedRadixCache through pagedprefix.conformance.engines.sglang.
+
+Skipped, with the reason, unless Python >= 3.11 and the SGLang wheel (installed ``--no-deps``) and
+the few modules it needs on a CPU are there (``conformance/engines/README.md``). Otherwise a short
+suite runs and the verdict rows are asserted, known suite false positives included (see below).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+import types
+
+import pytest
+from pagedprefix.conformance.suite import SuiteOptions, run_suite
+from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
+
+REQUIRED = ("torch", "numpy", "msgspec", "zmq", "pydantic", "psutil")
+
+
+def _skip_reason() -> str | None:
+    if sys.version_info < (3, 11):
+        return "SGLang 0.5.23 needs Python >= 3.11"
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "sglang is not installed (pip install --no-deps sglang==0.5.23, conformance/engines/README.md)"
+    if version != "0.5.23":
+        return f"the adapter is written against sglang 0.5.23, {version} is installed"
+    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"sglang is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
+    return None
+
+
+REASON = _skip_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+# Rows the suite fails today although the engine does what its capabilities declare (reported to
+# the suite's owner; SEMANTICS.md section 6 and the Capabilities docs allow both):
+# - "accounting": the judge does not yet accept SGLang's table rewrite at publication (step()),
+#   where checkpoint() swaps a request's own page for the tree's page with the same content;
+# - "maximal-hits": the runner does not yet honour publish_decode="free" (decode KV is published
+#   when the request finishes);
+# - "error-kinds": invalid-config vectors are judged on the factory's exception before their
+#   requirement input_errors (not declared) is checked.
+KNOWN_FALSE_POSITIVE_PROPERTIES = {"accounting", "maximal-hits", "error-kinds"}
+
+
+def _sglang() -> types.ModuleType:
+    from pagedprefix.conformance.engines import sglang
+
+    return sglang
+
+
+def test_loads_sglang_own_modules() -> None:
+    engine = _sglang()
+    loaded = engine.loaded()
+    assert loaded.version == "0.5.23"
+    import sglang.srt.mem_cache.radix_cache as radix_cache
+
+    assert radix_cache.__file__ is not None and radix_cache.__file__.endswith("mem_cache/radix_cache.py")
+    for item in loaded.installed:
+        assert item.real_error, item.stand_in.module
+
+
+def test_req_concatenates_extra_key_and_lora_id() -> None:
+    """SGLang's own Req.__init__ runs: the radix key's extra_key is the LoRA id string itself."""
+    engine = _sglang()
+    adapter = engine.sglang(CacheConfig(block_size=2, num_blocks=4))
+    req = adapter._req("r", [1, 2, 3], Extras(lora=LoRA("x", 7)))
+    spelled = adapter.spell_extras(Extras(lora=LoRA("x", 7)))["lora"]
+    assert len(spelled) == 32 and req.extra_key == spelled == req.lora_id
+
+
+@pytest.mark.parametrize("factory", ["sglang", "sglang_unified"])
+def test_operations_map_onto_sglang(factory: str) -> None:
+    adapter = getattr(_sglang(), factory)(CacheConfig(block_size=2, num_blocks=4))
+    first = adapter.allocate("a", [1, 2, 3, 4, 5])
+    assert first.num_computed_tokens == 0 and first.block_table == (0, 1, 2)  # page 0 mapped away
+    adapter.step()  # publication (checkpoint_kv_cache)
+    second = adapter.allocate(1, [1, 2, 3, 4, 6])
+    adapter.step()
+    assert second.num_computed_tokens == 4 and second.block_table[:2] == (0, 1)
+    assert adapter.num_free_blocks() == 0
+    assert adapter.lookup([1, 2, 3, 4, 9]) == 4
+    assert adapter.lookup([1, 2, 3, 4, 9], Extras(cache_salt="t")) == 0
+    with pytest.raises(OutOfBlocks):
+        adapter.append(1, [7, 8])
+    assert adapter.block_table(1) == second.block_table
+    adapter.free("a")
+    adapter.free(1)
+    assert adapter.num_free_blocks() == 4
+    assert adapter.reset_prefix_cache() is True and adapter.lookup([1, 2, 3, 4, 9]) == 0
+
+
+@pytest.mark.parametrize("factory", ["sglang", "sglang_unified"])
+def test_suite_verdicts(factory: str) -> None:
+    engine = _sglang()
+    options = SuiteOptions(profile="maximal", max_examples=40, time_budget=30.0)
+    report = run_suite(getattr(engine, factory), options, engine_name=factory, extra_groups=[])
+    assert report.errors == []
+    properties = {r.name: r.status for r in report.rows if r.kind == "property"}
+    for name in ("held-blocks", "hit-content", "cow-isolation", "atomic-failure", "hit-cap", "progress"):
+        assert properties[name] == "pass", (name, properties)
+    assert {n for n, s in properties.items() if s == "fail"} <= KNOWN_FALSE_POSITIVE_PROPERTIES
+    assert report.vectors is not None
+    failed = {r.prop for r in report.vectors.by_status("fail")}
+    assert failed <= KNOWN_FALSE_POSITIVE_PROPERTIES, failed
+    rows = {r.name: r for r in report.rows}
+    assert rows["vectors: eviction"].status == "pass"
+    assert rows["vectors: extras"].status == "pass"

@@ -1,0 +1,97 @@
+"""vLLM 0.33.0's own KVCacheManager through pagedprefix.conformance.engines.vllm.
+
+Skipped, with the reason, unless the vLLM wheel and the few modules it needs on a CPU are installed
+(``conformance/engines/README.md`` has the pip commands). Otherwise a short suite runs at ``lru``
+and ``exact`` and the verdict rows are asserted.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import types
+
+import pytest
+from pagedprefix.conformance.suite import SuiteOptions, run_suite
+from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
+
+REQUIRED = ("torch", "numpy", "msgspec", "cbor2", "zmq", "regex", "pydantic")
+
+
+def _skip_reason() -> str | None:
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "vllm is not installed (pip install --no-deps vllm==0.33.0; see conformance/engines/README.md)"
+    if version != "0.33.0":
+        return f"the adapter is written against vllm 0.33.0, {version} is installed"
+    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"vllm is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
+    return None
+
+
+REASON = _skip_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+# Suite false positive, reported to the suite's owner: conformance/vectors.py judges a config_error
+# case on the factory's exception before it checks the case's requirements (this one requires
+# input_errors, which the vLLM adapter does not declare). vLLM's KVCacheManager itself raises
+# ZeroDivisionError for block_size=0 (its CacheConfig's pydantic check, gt=0, is not driven).
+KNOWN_SUITE_FALSE_POSITIVES = {"errors/invalid-config/block-size-0"}
+
+
+def _vllm() -> types.ModuleType:
+    from pagedprefix.conformance.engines import vllm
+
+    return vllm
+
+
+def test_loads_real_cache_modules() -> None:
+    engine = _vllm()
+    loaded = engine.loaded()
+    assert loaded.version == "0.33.0"
+    import vllm.v1.core.block_pool as block_pool
+
+    assert block_pool.__file__ is not None and block_pool.__file__.endswith("vllm/v1/core/block_pool.py")
+    # Every stand-in was installed only because its real module failed to import.
+    for item in loaded.installed:
+        assert item.real_error, item.stand_in.module
+
+
+def test_operations_map_onto_vllm() -> None:
+    adapter = _vllm().vllm(CacheConfig(block_size=2, num_blocks=4))
+    first = adapter.allocate("a", [1, 2, 3, 4, 5])
+    assert first.num_computed_tokens == 0 and first.block_table == (0, 1, 2)  # null block mapped away
+    second = adapter.allocate(1, [1, 2, 3, 4, 6])
+    assert second.num_computed_tokens == 4 and second.block_table[:2] == (0, 1)
+    assert adapter.ref_cnt(0) == 2 and adapter.num_free_blocks() == 0
+    assert adapter.lookup([1, 2, 3, 4, 9]) == 4
+    with pytest.raises(OutOfBlocks):
+        adapter.append(1, [7, 8])  # needs a fourth... fifth block: none free
+    assert adapter.block_table(1) == second.block_table  # the failed append changed nothing
+    adapter.free("a")
+    assert adapter.free_blocks() == (2,)  # a's partial block, unkeyed, at the head
+    salted = adapter.lookup([1, 2, 3, 4, 9], Extras(cache_salt="t"))
+    lora = adapter.lookup([1, 2, 3, 4, 9], Extras(lora=LoRA("x", 0)))
+    assert salted == 0 and lora == 0
+
+
+@pytest.mark.parametrize("profile", ["lru", "exact"])
+def test_suite_verdicts(profile: str) -> None:
+    engine = _vllm()
+    options = SuiteOptions(profile=profile, max_examples=40, time_budget=30.0)
+    report = run_suite(engine.vllm, options, engine_name="vllm", extra_groups=[])
+    assert report.errors == []
+    rows = {r.name: r for r in report.rows}
+    properties = {r.name: r.status for r in report.rows if r.kind == "property"}
+    expected_skips = {"block-keys"} | ({"exact-ids"} if profile == "lru" else set())
+    assert {n for n, s in properties.items() if s == "skip"} == expected_skips
+    assert all(s == "pass" for n, s in properties.items() if n not in expected_skips), properties
+    assert report.vectors is not None
+    failed = {r.case_id for r in report.vectors.by_status("fail")}
+    assert failed <= KNOWN_SUITE_FALSE_POSITIVES, failed
+    for group in ("eviction", "extras", "operations", "policies"):
+        assert rows[f"vectors: {group}"].status == "pass", rows[f"vectors: {group}"]
+    assert rows["vectors: cow"].status == "skip"  # fork=False
+    assert rows["capability: fork"].status == "skip"
