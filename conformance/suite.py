@@ -43,6 +43,9 @@ ENGINE_SHORT_NAMES: dict[str, str] = {
     "impl": "pagedprefix.conformance.adapters:impl",
     "spec": "pagedprefix.conformance.adapters:spec",
     "radix": "pagedprefix.conformance.adapters:radix",
+    "vllm": "pagedprefix.conformance.engines.vllm:vllm",
+    "sglang": "pagedprefix.conformance.engines.sglang:sglang",
+    "sglang-unified": "pagedprefix.conformance.engines.sglang:sglang_unified",
 }
 
 

@@ -26,13 +26,15 @@ Mapping decisions
   page size 1, and its batch code calls ``alloc_token_slots`` instead). SGLang reserves page 0
   (the padded slot for dummy writes), so its pages are ``1 .. N``; spec block ``b`` is SGLang page
   ``b + 1``. A KV index (token slot) ``s`` lies in page ``s // B``.
-  ``ReqToTokenPool(size=R, max_context_len=C + 1, device="cpu")`` with ``R = min(N, 64)`` rows
-  (SGLang's ``max_running_requests``) and ``C = min(N * B, 2**18)`` tokens (its context length): with
-  the suite's pools no request can hold more than ``N * B`` tokens nor more than ``N`` requests be
-  live (each holds a page of its own), so these bounds never bind there; they keep the preallocated
-  table small for the replay's large pools. An admission past them (every row taken, or a sequence
-  longer than ``C``) raises ``OutOfBlocks`` before anything changes: SGLang's scheduler would not
-  admit it either (its running-request cap; its tokenizer rejects a prompt past the context length).
+  ``ReqToTokenPool(size=R, max_context_len=C + 1, device="cpu")`` with ``R = 64`` rows (SGLang's
+  ``max_running_requests``) and ``C = min(N * B, 2**18)`` tokens (its context length). The rows do not
+  depend on ``N``: after SGLang's own canonicalization two live requests can share every page, so
+  more requests than pages can be live (the suite keeps at most 6 live; the replay at most its
+  ``--max-running`` times its samples); no request can hold more than ``N * B`` tokens, so ``C`` never
+  binds in the suite; it keeps the preallocated table small for the replay's large pools. An
+  admission past them (every row taken, or a sequence longer than ``C``) raises ``OutOfBlocks``
+  before anything changes: SGLang's scheduler would not admit it either (its running-request cap;
+  its tokenizer rejects a prompt past the context length).
 - **Tree.** ``RadixCache(CacheInitParams(disable=False, req_to_token_pool, token_to_kv_pool_allocator,
   page_size=B))`` (what ``RadixCache.create_simulated`` builds, plus the request-to-token pool that
   ``checkpoint`` needs); eviction policy ``lru`` (SGLang's default), metrics and KV events off.
@@ -347,7 +349,7 @@ class SglangAdapter(AdapterBase):
             self.allocator = mods["sglang.srt.mem_cache.allocator.paged"].PagedTokenToKVPoolAllocator(
                 size=N * B, page_size=B, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
             )
-        self.max_running = min(N, MAX_RUNNING_REQUESTS)
+        self.max_running = MAX_RUNNING_REQUESTS
         self.context_len = min(N * B, MAX_CONTEXT_LEN)
         self.req_to_token_pool: Any = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool(
             size=self.max_running, max_context_len=self.context_len + 1, device="cpu",
