@@ -21,6 +21,7 @@ from corpus.measure import failing
 from corpus.mutants import MUTANTS, ConcatenatedNamespace, Mutant, weak8_collision
 from corpus.pool import PoolEngine
 from corpus.tree import TreeEngine
+from corpus.variants import VARIANTS, PublishOnFreeTree, StepPublishingTree
 from pagedprefix.conformance.codec import error_kind
 from pagedprefix.conformance.protocol import AdapterFactory
 from pagedprefix.conformance.stateful import Found, replay
@@ -314,3 +315,45 @@ def test_pool_engine_equals_the_spec_step_for_step(
         assert spec.num_evictions > 10
         verify_misses += spec.num_verify_misses
     assert (verify_misses > 0) == (hash_algo == "weak8")  # weak8 collisions happened, became misses
+
+
+# ----- correct variants the baseline flags (false positives) ------------------------------------
+
+FALSE_POSITIVES: dict[str, str] = {
+    "step_publishing_tree": "accounting: a duplicate swapped at step() is taken for a table the operation "
+    "did not return (B=1: allocate a [1, 2]; allocate b [1, 2])",
+    "no_lookup_tree": "error-kinds: lookup is called although lookup=False (lookup([1]) on a fresh engine)",
+    "publish_on_free_tree": "maximal-hits: publish_decode='free' is ignored (vector "
+    "operations/append-registers-full-blocks/b2, step 2)",
+}
+
+
+def _false_positive(name: str) -> object:
+    reason = f"suite false positive: {FALSE_POSITIVES[name]}"
+    return pytest.param(name, marks=pytest.mark.xfail(strict=False, reason=reason))
+
+
+@pytest.mark.parametrize("name", [_false_positive(n) for n in sorted(VARIANTS)])
+def test_correct_variant_passes_the_default_suite(name: str) -> None:
+    report = run_suite(VARIANTS[name], SuiteOptions(profile="maximal"))
+    assert report.ok, [(r.name, r.detail) for r in report.rows if r.status == "fail"]
+
+
+def test_step_publishing_tree_swaps_its_duplicate_at_step() -> None:
+    tree = StepPublishingTree(CacheConfig(1, 4))
+    tree.allocate("a", [1, 2])
+    tree.step()
+    b = tree.allocate("b", [1, 2])
+    assert b.block_table == (0, 2)
+    tree.step()  # b's page [2] is a's page 1: b switches to it and releases page 2
+    assert tree.block_table("b") == (0, 1)
+    assert [tree.ref_cnt(i) for i in range(4)] == [2, 2, 0, 0]
+
+
+def test_publish_on_free_tree_publishes_decoded_pages_at_free() -> None:
+    tree = PublishOnFreeTree(CacheConfig(2, 4))
+    tree.allocate("a", [1, 2, 3])
+    tree.append("a", [4, 5])
+    assert tree.lookup([1, 2, 3, 4, 5]) == 2  # page [3, 4] is not published while a is live
+    tree.free("a")
+    assert tree.lookup([1, 2, 3, 4, 5]) == 4
