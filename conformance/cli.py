@@ -14,6 +14,7 @@ report as ``exit_code``):
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import sys
@@ -46,6 +47,10 @@ ENGINE_HELP = (
 )
 
 
+MAX_SECONDS = 1e6
+"""The largest time limit accepted (about eleven days)."""
+
+
 class UserError(Exception):
     """A mistake in what the user asked for: one line on stderr, exit status 2."""
 
@@ -75,8 +80,8 @@ def check_options(args: ConformArgs) -> None:
         ("--start-timeout", args.start_timeout),
     )
     for name, value in seconds:
-        if not math.isfinite(value) or value <= 0:
-            raise UserError(f"{name} must be a positive number of seconds, got {value}")
+        if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+            raise UserError(f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], got {value}")
     if not 0 <= args.seed < 2**63:
         raise UserError(f"--seed must be in [0, 2**63), got {args.seed}")
 
@@ -292,6 +297,67 @@ def _print(report: SuiteReport) -> None:
         render_plain(report, sys.stdout)
 
 
+def matrix(
+    engine: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--engine", help="also run this engine (repeatable; module:factory or a short name)"),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="the Markdown matrix to write (or --check)")] = Path(
+        "docs/MATRIX.md"
+    ),
+    json_path: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--json", help="also write the cells, with timings"),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="exit 1 if a regeneration differs from --out")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="the seed of every run")] = 0,
+) -> None:
+    """Run every shipped engine (vLLM and SGLang when installed) at its strongest honest profile
+    and at core, and write the conformance matrix (docs/MATRIX.md; --check compares instead)."""
+    from .matrix import MATRIX_ENGINES, MatrixEngine, render_markdown, run_cells, to_json
+
+    try:
+        if check and not out.is_file():
+            raise UserError(f"--check: {out} does not exist")
+        if not check:
+            check_output_path(out, "--out")
+        if json_path is not None:
+            check_output_path(json_path, "--json")
+        if not 0 <= seed < 2**63:
+            raise UserError(f"--seed must be in [0, 2**63), got {seed}")
+    except UserError as exc:
+        raise fail_user(str(exc)) from None
+    engines = [*MATRIX_ENGINES, *(MatrixEngine(name, "") for name in engine or [])]
+    cells = []
+    for e in engines:
+        print(f"matrix: {e.name} ...", file=sys.stderr, flush=True)
+        cells += run_cells(e, _trace_groups(), seed)
+    text = render_markdown(cells, seed)
+    if json_path is not None:
+        json_path.write_text(json.dumps(to_json(cells), indent=1) + "\n", encoding="utf-8")
+    if check:
+        if out.read_text(encoding="utf-8") != text:
+            print(
+                f"{out} differs from a regeneration (run pagedprefix matrix to update it):", file=sys.stderr
+            )
+            for line in difflib.unified_diff(
+                out.read_text(encoding="utf-8").splitlines(),
+                text.splitlines(),
+                str(out),
+                "regenerated",
+                lineterm="",
+                n=1,
+            ):
+                print(line, file=sys.stderr)
+            raise typer.Exit(1)
+        print(f"{out}: identical to a regeneration ({len(cells)} cells)")
+        raise typer.Exit(0)
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out} ({len(cells)} cells)")
+
+
 # The real-trace slice lives in ``pagedprefix.replay``, a layer above this package: the app that
 # composes both (``pagedprefix.cli``) hands it in through :func:`register`.
 _TRACE_GROUP_PROVIDERS: list[Callable[[], tuple[str, CheckGroup]]] = []
@@ -307,3 +373,4 @@ def register(app: typer.Typer, trace_group: Callable[[], tuple[str, CheckGroup]]
     if trace_group is not None and trace_group not in _TRACE_GROUP_PROVIDERS:
         _TRACE_GROUP_PROVIDERS.append(trace_group)
     app.command("conform")(conform)
+    app.command("matrix")(matrix)

@@ -446,7 +446,7 @@ class Judge:
         """Tables must be as the operations left them, except a canonicalized duplicate
         (SEMANTICS section 6): an entry replaced by another block holding the same content."""
         reported = {rid: t for rid, t in obs["tables"]}
-        touched = {step.get("request_id"), step.get("child_id")}
+        touched = [step.get("request_id"), step.get("child_id")]
         for rid, req in self.live.items():
             table = reported.get(rid)
             if table == req.table:

@@ -154,7 +154,11 @@ def check_case(case: Json) -> None:
     _need(isinstance(case.get("id"), str), "'id' must be a string")
     _need(case.get("profile") in PROFILES, f"'profile' must be one of {PROFILES}")
     _need(isinstance(case.get("config"), dict), "'config' must be an object")
-    _need(isinstance(case.get("requires", []), list), "'requires' must be a list")
+    requires = case.get("requires", [])
+    _need(
+        isinstance(requires, list) and all(isinstance(r, str) for r in requires),
+        "'requires' must be a list of strings",
+    )
     if "config_error" in case:
         _need(isinstance(case["config_error"], str), "'config_error' must be a string")
         return

@@ -80,7 +80,7 @@ def call_limit(call: str, seconds: float | None) -> Iterator[None]:
         raise EngineHung(call, seconds)
 
     previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, 1e6))
     try:
         yield
     finally:

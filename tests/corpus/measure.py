@@ -58,6 +58,9 @@ def measure(target: Target, seed: int, mode: str) -> dict[str, object]:
     seconds = time.perf_counter() - start
     found = failing(report)
     caught = sorted(set(found["stateful"]) | set(found["vectors"]))
+    lengths = {}
+    if report.stateful is not None:
+        lengths = {f.prop: len(f.vector["cases"][0]["steps"]) for f in report.stateful.failures() if f.vector}
     return {
         "engine": target.name,
         "seed": seed,
@@ -68,6 +71,7 @@ def measure(target: Target, seed: int, mode: str) -> dict[str, object]:
         "expected": target.prop,
         "expected_caught": target.prop in caught if target.prop else None,
         "seconds": round(seconds, 2),
+        "counterexample_steps": lengths,
     }
 
 

@@ -1,0 +1,196 @@
+"""The conformance matrix: every shipped engine at its strongest honest profile and at ``core``.
+
+``pagedprefix matrix`` runs the default suite (seed 0) on each engine of :data:`MATRIX_ENGINES`
+(and any ``--engine`` given) at two profiles — the strongest the engine can claim (``exact`` for
+the spec's policies and ids, ``lru`` for the spec's policies, ``maximal`` otherwise) and ``core``
+— and writes ``docs/MATRIX.md``: engine x version x profile -> verdict, the failing and skipped
+rows with a plain-words explanation of each (:mod:`pagedprefix.conformance.engines.notes`), and
+the first counterexample of each failure. The Markdown holds no timings, so ``--check`` can
+compare a regeneration byte for byte (exit 1 when a verdict changed: a regression gate on the
+suite and a record of the engines); ``--json`` adds the seconds of each run.
+
+An engine whose package is not installed gets the row ``not installed`` (``nox -s engines``
+installs the pinned releases).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engines.notes import ABOUT, NOTES, PASS_NOTE
+from .protocol import Capabilities, EngineUnavailable
+from .suite import (
+    CheckGroup,
+    CheckResult,
+    SuiteOptions,
+    SuiteReport,
+    load_engine,
+    probe_capabilities,
+    run_suite,
+)
+
+
+@dataclass(frozen=True)
+class MatrixEngine:
+    """A row group of the matrix: the engine's short name and the distribution it comes from."""
+
+    name: str
+    distribution: str
+
+
+MATRIX_ENGINES: tuple[MatrixEngine, ...] = (
+    MatrixEngine("impl", "pagedprefix"),
+    MatrixEngine("spec", "pagedprefix"),
+    MatrixEngine("radix", "pagedprefix"),
+    MatrixEngine("vllm", "vllm"),
+    MatrixEngine("sglang", "sglang"),
+    MatrixEngine("sglang-unified", "sglang"),
+)
+MATRIX_PATH = Path("docs/MATRIX.md")
+
+
+@dataclass
+class Cell:
+    """One engine at one profile."""
+
+    engine: str
+    version: str
+    profile: str
+    verdict: str  # PASS, FAIL, INCOMPLETE or "not installed"
+    failing: list[CheckResult] = field(default_factory=list)
+    skipped: list[CheckResult] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""
+
+
+def version_of(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def strongest_profile(caps: Capabilities) -> str:
+    """``exact`` for the spec's policies and ids, ``lru`` for the policies, else ``maximal``."""
+    if caps.claims_a_spec_policy():
+        return "exact" if caps.exact_ids else "lru"
+    return "maximal"
+
+
+def run_cells(
+    engine: MatrixEngine,
+    groups: Sequence[tuple[str, CheckGroup]],
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[Cell]:
+    """The engine's cells (its strongest profile, then ``core``); ``not installed`` when its
+    distribution is missing or it cannot be loaded."""
+    version = version_of(engine.distribution) if engine.distribution else "(given)"
+    if version is None:
+        return [Cell(engine.name, "-", "-", "not installed", error=f"pip install {engine.distribution}")]
+    try:
+        factory = load_engine(engine.name)
+        caps = probe_capabilities(factory)
+    except (EngineUnavailable, RuntimeError) as exc:
+        return [Cell(engine.name, version, "-", "not installed", error=str(exc))]
+    cells = []
+    try:
+        for profile in dict.fromkeys((strongest_profile(caps), "core")):
+            if progress is not None:
+                progress(f"{engine.name} at {profile}")
+            report = run_suite(
+                factory, SuiteOptions(profile=profile, seed=seed), engine.name, extra_groups=groups
+            )
+            cells.append(_cell(engine.name, version, profile, report))
+    finally:
+        close = getattr(factory, "close", None)
+        if callable(close):
+            close()
+    return cells
+
+
+def _cell(engine: str, version: str, profile: str, report: SuiteReport) -> Cell:
+    verdict = "PASS" if report.exit_code == 0 else ("INCOMPLETE" if report.exit_code == 3 else "FAIL")
+    failing = [r for r in report.rows if r.status == "fail"]
+    skipped = [r for r in report.rows if r.status == "skip" and r.kind in ("capability", "property", "group")]
+    cell = Cell(engine, version, profile, verdict, failing, skipped, report.seconds)
+    if report.errors:
+        cell.error = "; ".join(report.errors)
+    return cell
+
+
+def explain(engine: str, row: CheckResult) -> str:
+    """The note for ``row`` of ``engine``, or ``unexplained`` (with the row's own detail)."""
+    note = NOTES.get(engine, {}).get(row.name)
+    return note if note is not None else f"*unexplained*: {row.detail}"
+
+
+def _skipped_note(engine: str, row: CheckResult) -> str | None:
+    """Skips worth a line: by capability or by the engine's policy claim (not by profile)."""
+    if row.kind == "capability" or "claims" in row.detail or "declares policy" in row.detail:
+        return explain(engine, row)
+    return None
+
+
+def render_markdown(cells: Sequence[Cell], seed: int = 0) -> str:
+    """``docs/MATRIX.md`` (deterministic: no timings)."""
+    lines = [
+        "# Conformance matrix",
+        "",
+        "Generated by `pagedprefix matrix` from the default run of `pagedprefix conform` (seed "
+        f"{seed}) on every shipped engine, at its strongest honest profile and at `core`. Do not edit: "
+        "`pagedprefix matrix --check` compares a regeneration, and `nox -s engines` runs it against "
+        "the pinned releases. Explanations: `conformance/engines/notes.py`.",
+        "",
+        "| engine | version | profile | verdict | failing | skipped by capability or policy |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        failing = ", ".join(f"`{r.name}`" for r in c.failing) or "-"
+        skipped = ", ".join(f"`{r.name}`" for r in c.skipped if _skipped_note(c.engine, r)) or "-"
+        lines.append(f"| {c.engine} | {c.version} | {c.profile} | {c.verdict} | {failing} | {skipped} |")
+    for engine in dict.fromkeys(c.engine for c in cells):
+        lines += ["", f"## {engine}", "", ABOUT.get(engine, "an engine given with `--engine`.")]
+        for c in (c for c in cells if c.engine == engine):
+            lines += _cell_section(c)
+    return "\n".join(lines) + "\n"
+
+
+def _cell_section(c: Cell) -> list[str]:
+    if c.verdict == "not installed":
+        return ["", f"Not installed here: {c.error}."]
+    lines = ["", f"### {c.profile}: {c.verdict}", ""]
+    if c.verdict == "PASS":
+        lines.append(f"PASS: {PASS_NOTE}")
+    if c.error:
+        lines.append(f"Error: {c.error}")
+    for r in c.failing:
+        lines.append(f"- FAIL `{r.name}`: {r.detail}. {explain(c.engine, r)}")
+        if r.counterexample:
+            lines += ["", "  ```text", *("  " + line for line in r.counterexample.splitlines()), "  ```"]
+    for r in c.skipped:
+        note = _skipped_note(c.engine, r)
+        if note is not None:
+            lines.append(f"- skipped `{r.name}`: {note}")
+    return lines
+
+
+def to_json(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """The cells with their timings (for ``--json``)."""
+    return [
+        {
+            "engine": c.engine,
+            "version": c.version,
+            "profile": c.profile,
+            "verdict": c.verdict,
+            "seconds": round(c.seconds, 2),
+            "failing": [r.to_json() | {"explanation": explain(c.engine, r)} for r in c.failing],
+            "skipped": [r.to_json() for r in c.skipped],
+            "error": c.error,
+        }
+        for c in cells
+    ]

@@ -1,0 +1,60 @@
+"""vLLM's own KV-cache manager as a replay engine: the same hit rates as ``impl`` (which is proven
+equal to the spec) on a Mooncake slice, through the API and through ``pagedprefix replay``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pagedprefix.replay.engines import load_factory
+from pagedprefix.replay.sim import ReplayConfig, run_replay
+from pagedprefix.replay.trace import load_trace
+from test_engines_vllm import REASON
+
+if REASON is not None and os.environ.get("PAGEDPREFIX_REQUIRE_ENGINES"):
+    raise RuntimeError(f"PAGEDPREFIX_REQUIRE_ENGINES is set but {REASON}")
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+@pytest.mark.parametrize("num_blocks", [600, 4000])
+def test_vllm_replays_the_slice_with_impls_hits(num_blocks: int) -> None:
+    requests = load_trace("conversation", limit=150).requests
+    config = ReplayConfig(block_size=16, num_blocks=num_blocks)
+    impl = run_replay(requests, config, load_factory("impl"), engine_name="impl")
+    vllm = run_replay(requests, config, load_factory("vllm"), engine_name="vllm")
+    assert vllm.hits == impl.hits and vllm.hit_tokens == impl.hit_tokens > 0
+    assert (vllm.operations, vllm.peak_blocks_in_use) == (impl.operations, impl.peak_blocks_in_use)
+
+
+def test_replay_command_with_engine_vllm(tmp_path: Path) -> None:
+    rates = {}
+    for engine in ("impl", "vllm"):
+        out = tmp_path / f"{engine}.json"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pagedprefix",
+                "replay",
+                "--engine",
+                engine,
+                "--limit",
+                "100",
+                "--num-blocks",
+                "1000,4000",
+                "--no-progress",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows = json.loads(out.read_text())["runs"]
+        rates[engine] = [(r["num_blocks"], r["token_hit_rate"], r["hit_tokens"]) for r in rows]
+    assert rates["vllm"] == rates["impl"] and all(r[2] > 0 for r in rates["impl"])
