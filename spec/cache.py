@@ -401,12 +401,12 @@ class SpecCache:
             raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
         return rid
 
-    def _check_live_id(self, request_id: object) -> tuple[RequestId, Request]:
+    def _check_live_id(self, request_id: object) -> Request:
         rid = check_request_id(request_id)
         request = self.requests.get(rid)
         if request is None:
             raise UnknownRequest(f"request {safe_repr(rid)} is not live")
-        return rid, request
+        return request
 
     # ----- operations -------------------------------------------------------------------------
 
@@ -459,7 +459,7 @@ class SpecCache:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`, :class:`InvalidTokens`,
         :class:`OutOfBlocks`.
         """
-        _, request = self._check_live_id(request_id)
+        request = self._check_live_id(request_id)
         token_list = check_tokens(tokens)
         size = self.config.block_size
         old_len = len(request.tokens)
@@ -490,7 +490,7 @@ class SpecCache:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest` (parent), then
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child).
         """
-        _, parent = self._check_live_id(parent_id)
+        parent = self._check_live_id(parent_id)
         child = self._check_new_id(child_id)
         for b in parent.block_table:
             self.blocks[b].ref_cnt += 1
@@ -502,8 +502,8 @@ class SpecCache:
 
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`.
         """
-        rid, request = self._check_live_id(request_id)
-        del self.requests[rid]
+        request = self._check_live_id(request_id)
+        del self.requests[check_request_id(request_id)]
         for b in reversed(request.block_table):
             self._release(b)
 
@@ -524,11 +524,11 @@ class SpecCache:
 
     def block_table(self, request_id: RequestId) -> tuple[int, ...]:
         """The request's block_table. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
-        return tuple(self._check_live_id(request_id)[1].block_table)
+        return tuple(self._check_live_id(request_id).block_table)
 
     def num_tokens(self, request_id: RequestId) -> int:
         """Tokens the request holds. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
-        return len(self._check_live_id(request_id)[1].tokens)
+        return len(self._check_live_id(request_id).tokens)
 
     def ref_cnt(self, block_id: int) -> int:
         """References to a physical block from live block tables. Raises :class:`InvalidBlockId`."""

@@ -1,22 +1,71 @@
 """The ``pagedprefix`` command line: ``conform``, ``replay`` and more, one typer app.
 
 Each subcommand lives beside the code it drives and registers itself here.
+
+User errors end in one line on stderr and exit code 2, never a traceback or a usage panel:
+click's own usage errors (an unknown option, a value out of range, a missing option) are printed by
+:class:`OneLineErrors` as ``pagedprefix CMD: error: MESSAGE``; the commands report their own
+checks (unreadable files, missing output directories, missing optional dependencies) the same way,
+before any work starts.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import typer
+from typer.core import TyperGroup
+
+try:  # newer typer carries its own copy of click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from pagedprefix.conformance.suite import CheckGroup
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(str(text).split())
+
+
+class OneLineErrors(TyperGroup):
+    """The app's click group: runs a command with click's standalone handling of usage errors
+    replaced by one plain line on stderr (no rich panel, so no markup is dropped from it), keeping
+    click's exit codes (2 for usage errors, 1 for an abort, 130 for an interrupt)."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as exc:
+            where = exc.ctx.command_path if isinstance(exc, UsageError) and exc.ctx else "pagedprefix"
+            typer.echo(f"{where}: error: {one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("pagedprefix: aborted", err=True)
+            sys.exit(1)
+        # Without standalone mode click returns an Exit's code instead of exiting.
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
 
 app = typer.Typer(
     name="pagedprefix",
     help="Prefix sharing over a paged KV cache: conformance, replay and demos.",
     no_args_is_help=True,
     add_completion=False,
+    cls=OneLineErrors,
 )
 
 
