@@ -19,7 +19,7 @@ import hashlib
 from dataclasses import dataclass
 
 from .arith import overlaps
-from .errors import InvalidExtras
+from .errors import InvalidExtras, safe_repr
 
 MAX_U64 = 2**64
 
@@ -110,7 +110,7 @@ def _check_lora(lora: object) -> None:
         raise InvalidExtras(f"lora must be a LoRA or None, got {type(lora).__name__}")
     _check_text(lora.name, "lora.name")
     if not _is_int(lora.lora_id) or not 0 <= lora.lora_id < MAX_U64:
-        raise InvalidExtras(f"lora.lora_id must be an int in [0, 2**64), got {lora.lora_id!r}")
+        raise InvalidExtras(f"lora.lora_id must be an int in [0, 2**64), got {safe_repr(lora.lora_id)}")
 
 
 def _check_mm_item(item: object, num_tokens: int) -> None:
@@ -120,11 +120,11 @@ def _check_mm_item(item: object, num_tokens: int) -> None:
     if not _is_int(item.start) or not _is_int(item.length):
         raise InvalidExtras("a multimodal start and length must be ints")
     if item.length < 1:
-        raise InvalidExtras(f"multimodal item {item.identifier!r} is empty")
+        raise InvalidExtras(f"multimodal item {safe_repr(item.identifier)} is empty")
     if item.start < 0 or item.start + item.length > num_tokens:
         raise InvalidExtras(
-            f"multimodal item {item.identifier!r} [{item.start}, {item.start + item.length}) "
-            f"reaches outside the prompt of {num_tokens} tokens"
+            f"multimodal item {safe_repr(item.identifier)} [{safe_repr(item.start)}, "
+            f"{safe_repr(item.start + item.length)}) reaches outside the prompt of {num_tokens} tokens"
         )
 
 
@@ -137,7 +137,7 @@ def _check_mm_items(items: object, num_tokens: int) -> None:
     for before, after in zip(ordered, ordered[1:]):
         if before.start + before.length > after.start:
             raise InvalidExtras(
-                f"multimodal items {before.identifier!r} and {after.identifier!r} overlap"
+                f"multimodal items {safe_repr(before.identifier)} and {safe_repr(after.identifier)} overlap"
             )
 
 

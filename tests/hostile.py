@@ -165,6 +165,51 @@ def hostile(with_tensors: bool = False) -> st.SearchStrategy[object]:
     )
 
 
+def adversarial_strings() -> st.SearchStrategy[object]:
+    """Strings a validator must look into: lone surrogates, empty, NUL, long, non-ASCII, a lying
+    ``str`` subclass."""
+    return st.one_of(
+        st.sampled_from(SURROGATES),
+        st.sampled_from(["", "\x00", "é", "x" * 300, "[/red]", " "]),
+        st.builds(EvilStr, st.sampled_from(["a", ""])),
+        st.text(max_size=3),
+    )
+
+
+def adversarial_numbers() -> st.SearchStrategy[object]:
+    """Numbers just outside (or pretending to be inside) an int range."""
+    return st.one_of(
+        st.sampled_from(SPECIAL_INTS),
+        st.sampled_from(SPECIAL_FLOATS),
+        st.booleans(),
+        st.builds(EvilInt, st.integers(0, 3)),
+        st.sampled_from([np.int64(1), np.uint32(2), np.float64(0.0)]),
+        st.builds(huge_int),
+    )
+
+
+def near_valid_list(
+    valid: st.SearchStrategy[list[Any]], bad: st.SearchStrategy[object]
+) -> st.SearchStrategy[Any]:
+    """A valid list with one entry replaced by ``bad`` (or the list wrapped in a lying subclass)."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Any:
+        items = list(draw(valid))
+        kind = draw(st.sampled_from(["replace", "append", "tuple", "evil"]))
+        if kind == "evil":
+            return EvilList(items)
+        if kind == "tuple":
+            return tuple(items)
+        if items and kind == "replace":
+            items[draw(st.integers(0, len(items) - 1))] = draw(bad)
+        else:
+            items.append(draw(bad))
+        return items
+
+    return build()
+
+
 def mixed(valid: st.SearchStrategy[Any], with_tensors: bool = False) -> st.SearchStrategy[Any]:
     """Mostly ``valid`` values (so operations succeed and build state), often hostile ones."""
     return st.one_of(valid, valid, hostile(with_tensors))

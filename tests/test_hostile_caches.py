@@ -19,6 +19,16 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from hostile import (
+    CALLS,
+    adversarial_numbers,
+    adversarial_strings,
+    hostile,
+    hostile_settings,
+    mixed,
+    near_valid_list,
+    report,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from pagedprefix.impl import BlockManager
@@ -37,8 +47,6 @@ from pagedprefix.spec import (
     SpecCache,
 )
 
-from hostile import CALLS, hostile, hostile_settings, mixed, report
-
 SMALL_MEMORY = 64 * 2**20  # what the config test pretends is available: big pools must be refused
 
 VALID_IDS = st.sampled_from([0, 1, 2, "a", "b", "1"])
@@ -50,6 +58,17 @@ VALID_EXTRAS = st.sampled_from([
     Extras(mm_items=(MultiModalItem("img", 0, 1),)),
     Extras(prompt_embeds=PromptEmbeds((0,), (b"\x01",))),
 ])
+STRINGS, NUMBERS = adversarial_strings(), adversarial_numbers()
+NEAR_VALID_EXTRAS = st.one_of(
+    st.builds(Extras, lora=st.builds(LoRA, st.one_of(STRINGS, st.just("l")), st.one_of(NUMBERS, st.just(1)))),
+    st.builds(Extras, cache_salt=STRINGS),
+    st.builds(Extras, mm_items=st.tuples(st.builds(MultiModalItem, st.one_of(STRINGS, st.just("i")),
+                                                   st.one_of(NUMBERS, st.integers(0, 3)),
+                                                   st.one_of(NUMBERS, st.integers(1, 3))))),
+    st.builds(Extras, prompt_embeds=st.builds(PromptEmbeds, st.one_of(st.tuples(NUMBERS), st.just((0,))),
+                                              st.one_of(st.tuples(hostile()), st.just((b"",)),
+                                                        st.just((b"\x01",))))),
+)
 HOSTILE_EXTRAS = st.one_of(
     hostile(),
     st.builds(Extras, lora=st.one_of(st.none(), hostile(), st.builds(LoRA, hostile(), hostile()))),
@@ -58,10 +77,10 @@ HOSTILE_EXTRAS = st.one_of(
                                                                          hostile()), max_size=2).map(tuple))),
     st.builds(Extras, prompt_embeds=st.one_of(hostile(), st.builds(PromptEmbeds, hostile(), hostile()))),
 )
-IDS = mixed(VALID_IDS)
-TOKENS = mixed(VALID_TOKENS)
-EXTRAS = st.one_of(VALID_EXTRAS, VALID_EXTRAS, HOSTILE_EXTRAS)
-BLOCK_IDS = mixed(st.integers(-1, 8))
+IDS = st.one_of(mixed(VALID_IDS), STRINGS, NUMBERS)
+TOKENS = st.one_of(mixed(VALID_TOKENS), near_valid_list(VALID_TOKENS, NUMBERS))
+EXTRAS = st.one_of(VALID_EXTRAS, VALID_EXTRAS, NEAR_VALID_EXTRAS, HOSTILE_EXTRAS)
+BLOCK_IDS = st.one_of(mixed(st.integers(-1, 8)), NUMBERS)
 KEYS = st.one_of(hostile(), st.binary(min_size=1, max_size=32))
 
 OPERATIONS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
@@ -108,7 +127,9 @@ def operation(with_keys: bool) -> st.SearchStrategy[tuple[str, tuple[Any, ...]]]
 
 @hostile_settings()
 @given(config=VALID_CONFIGS, data=st.data())
-def test_spec_and_impl_refuse_hostile_input_atomically_and_alike(config: CacheConfig, data: st.DataObject) -> None:
+def test_spec_and_impl_refuse_hostile_input_atomically_and_alike(
+    config: CacheConfig, data: st.DataObject
+) -> None:
     spec, impl = SpecCache.create(config), BlockManager.create(config)
     for _ in range(30):
         name, args = data.draw(operation(with_keys=True))

@@ -15,14 +15,13 @@ from typing import Any
 from unittest import mock
 
 import torch
+from hostile import CALLS, hostile, hostile_settings, mixed, report
 from hypothesis import given
 from hypothesis import strategies as st
 from pagedprefix.impl import BlockTables, KVCache
 from pagedprefix.impl.device import BlockTableError, CopyError, LayerError, NoFreeRow
 from pagedprefix.kernels import KernelError
 from pagedprefix.spec import InvalidConfig, PrefixCacheError
-
-from hostile import CALLS, hostile, hostile_settings, mixed, report
 
 NUM_BLOCKS, BLOCK_SIZE, HEADS, DIM = 6, 2, 1, 2
 TABLE_ERRORS = (PrefixCacheError, BlockTableError, NoFreeRow)
@@ -38,13 +37,18 @@ TABLE_OPS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "remove": st.tuples(IDS),
     "row": st.tuples(IDS),
     "num_blocks": st.tuples(IDS),
-    "slot_mapping": st.tuples(mixed(st.lists(st.sampled_from([0, 1, "a"]), max_size=3)), POSITIONS, POSITIONS),
+    "slot_mapping": st.tuples(
+        mixed(st.lists(st.sampled_from([0, 1, "a"]), max_size=3)), POSITIONS, POSITIONS
+    ),
     "__contains__": st.tuples(hostile()),
     "__len__": st.tuples(),
 }
 
 
-def pick(ops: dict[str, st.SearchStrategy[tuple[Any, ...]]]) -> st.SearchStrategy[tuple[str, tuple[Any, ...]]]:
+Op = tuple[str, tuple[Any, ...]]
+
+
+def pick(ops: dict[str, st.SearchStrategy[tuple[Any, ...]]]) -> st.SearchStrategy[Op]:
     return st.sampled_from(sorted(ops)).flatmap(lambda name: ops[name].map(lambda args: (name, args)))
 
 
