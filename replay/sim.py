@@ -28,7 +28,6 @@ Model (all choices are deterministic, so two engines see the same operation sequ
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -43,7 +42,7 @@ from .bound import prefix_hit_bound
 from .divergence import Divergence
 from .engines import EngineFactory, ReplayEngine, num_evictions
 from .synth import decode_tokens, prompt_tokens
-from .trace import TraceRequest, check_requests
+from .trace import TraceRequest, check_requests, finite_number
 
 ProgressFn = Callable[[int, int], None]
 MAX_SAMPLES = 1024
@@ -99,9 +98,7 @@ class ReplayConfig:
         if self.max_output is not None:
             _int_knob("max_output", self.max_output, 0, MAX_KNOB)
         step = self.step_ms
-        if step is not None and (
-            type(step) not in (int, float) or not math.isfinite(step) or step < 0  # type: ignore[arg-type]
-        ):
+        if step is not None and (not finite_number(step) or step < 0):  # type: ignore[operator]
             raise InvalidConfig(f"step_ms must be None or a finite number >= 0, got {safe_repr(step)}")
         check_config(self.cache_config(1))
 

@@ -153,13 +153,25 @@ def _parse(text: str) -> tuple[dict[str, object] | None, str | None]:
     return obj, None
 
 
+def finite_number(x: object) -> bool:
+    """Whether ``x`` is exactly an int or a float whose value is a finite float (an int too large
+    for a float, a NaN or an infinity is not)."""
+    if type(x) is int:
+        try:
+            float(x)
+        except OverflowError:
+            return False
+        return True
+    return type(x) is float and math.isfinite(x)
+
+
 def _check_fields(obj: dict[str, object]) -> str | None:
     """Why the fields of one line are malformed (types and ranges), or ``None``."""
     for name in ("timestamp", "input_length", "output_length", "hash_ids"):
         if name not in obj:
             return f"missing field {name!r}"
     ts = obj["timestamp"]
-    if type(ts) not in (int, float) or not math.isfinite(ts) or ts < 0:  # type: ignore[arg-type]
+    if not finite_number(ts) or ts < 0:  # type: ignore[operator]
         return f"timestamp must be a finite number >= 0, got {safe_repr(ts)}"
     n_in = obj["input_length"]
     if not _is_int(n_in) or n_in < 1:  # type: ignore[operator]
@@ -192,7 +204,17 @@ def parse_lines(lines: Iterable[str], *, source: str = "<trace>", strict: bool =
         source: a name for messages.
         strict: raise :class:`TraceError` at the first bad line instead of skipping it.
         limit: stop after this many valid requests.
+
+    Raises :class:`TraceError`: in strict mode at the first bad line (a line that is not a ``str``
+    is bad too); for arguments of the wrong type (``lines`` a str or not iterable — a list, a file,
+    a generator are fine —, ``strict`` not a bool, ``limit`` not ``None`` or an int >= 0).
     """
+    check_read_options(source, strict, limit)
+    if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
+        raise TraceError(source, None,
+                         f"{source}: lines must be an iterable of str, got {type(lines).__name__}")
+    if isinstance(lines, list):
+        lines = list.__iter__(lines)
     requests: list[TraceRequest] = []
     bad: list[BadLine] = []
     tree = _TreeChecker()
@@ -202,10 +224,13 @@ def parse_lines(lines: Iterable[str], *, source: str = "<trace>", strict: bool =
         if limit is not None and len(requests) >= limit:
             break
         num_lines = number
-        text = raw.strip()
-        if not text:
-            continue
-        obj, reason = _parse(text)
+        if type(raw) is not str:
+            obj, reason = None, f"not a line of text (a {type(raw).__name__})"
+        else:
+            text = raw.strip()
+            if not text:
+                continue
+            obj, reason = _parse(text)
         if obj is not None:
             reason = _check_fields(obj)
         if obj is not None and reason is None:
@@ -302,11 +327,25 @@ def _lines(handle: io.TextIOBase) -> Iterator[str]:
     yield from handle
 
 
+def check_read_options(source: object, strict: object, limit: object) -> None:
+    """:class:`TraceError` unless ``strict`` is a bool and ``limit`` ``None`` or an int >= 0."""
+    name = source if isinstance(source, str) else "<trace>"
+    if not isinstance(strict, bool):
+        raise TraceError(name, None, f"{name}: strict must be a bool, got {type(strict).__name__}")
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise TraceError(name, None, f"{name}: limit must be None or an int >= 0, got {safe_repr(limit)}")
+
+
 def load_trace(name_or_path: str | Path, *, strict: bool = False, limit: int | None = None) -> Trace:
     """Load a trace by built-in name (``conversation``, ``synthetic``) or path (``.gz`` detected by
     content). Raises :class:`TraceError` for a missing, unreadable or undecodable file (not UTF-8,
     a truncated or corrupt gzip stream: ``OSError``, ``EOFError``, ``zlib.error``), and for the
     first bad line when ``strict``."""
+    if isinstance(name_or_path, str):
+        name_or_path = str.__str__(name_or_path)  # a str subclass's own methods never run
+    elif not isinstance(name_or_path, Path):
+        raise TraceError("<trace>", None, f"a trace is a name or a path, got {type(name_or_path).__name__}")
+    check_read_options(str(name_or_path), strict, limit)
     path = resolve_trace(name_or_path)
     source = str(name_or_path)
     try:

@@ -15,12 +15,11 @@ import hashlib
 from typing import Any
 
 import torch
+from hostile import CALLS, adversarial_numbers, hostile, hostile_settings, report
 from hypothesis import given
 from hypothesis import strategies as st
 from pagedprefix import kernels
 from pagedprefix.kernels import KernelError
-
-from hostile import CALLS, adversarial_numbers, hostile, hostile_settings, report
 
 N, B, H, D = 4, 2, 1, 2
 TENSORS = hostile(with_tensors=True)
