@@ -264,6 +264,8 @@ def _pairs_tensor(pairs: object, device: torch.device) -> torch.Tensor:
         parts = _items(f"pairs[{i}]", pair)
         if len(parts) != 2:
             raise KernelShapeError(f"pairs[{i}] must be a (src, dst) pair, got {len(parts)} entries")
+        if any(isinstance(part, bool) or not isinstance(part, int) for part in parts):
+            raise KernelDTypeError(f"pairs[{i}] must hold two ints, got {show(tuple(parts))}")
         src, dst = (_int_arg(f"pairs[{i}]", part, -(2**63)) for part in parts)
         if max(src, dst) >= 2**63:
             raise KernelValueError(f"pairs[{i}] holds a block id beyond int64")
