@@ -254,8 +254,8 @@ def _pairs_tensor(pairs: object, device: torch.device) -> torch.Tensor:
         return pairs.to(device=device, dtype=torch.int64).contiguous()
     if not isinstance(pairs, (list, tuple)):
         raise KernelDTypeError(
-            f"pairs must be an int tensor [num_pairs, 2] or a list of (src, dst) pairs, "
-            f"got {type(pairs).__name__}"
+            "pairs must be an int tensor [num_pairs, 2] or a sequence of (src, dst) pairs (a list or "
+            f"tuple), got {type(pairs).__name__}"
         )
     rows: list[tuple[int, int]] = []
     for i, pair in enumerate(_items("pairs", pairs)):

@@ -178,6 +178,8 @@ def _write_outputs(results: list[ReplayResult], csv_path: Path | None, json_path
             raise fail(COMMAND, f"{option} {path}: cannot write: {exc}") from None
         except ImportError:
             raise fail(COMMAND, PLOT_HINT) from None
+        except ValueError as exc:  # e.g. a file type matplotlib cannot write
+            raise fail(COMMAND, f"{option} {path}: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:

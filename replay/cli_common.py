@@ -81,13 +81,19 @@ def output_problem(paths: Mapping[str, Path | None]) -> str | None:
 
 
 def plot_problem(plot: Path | None) -> str | None:
-    """:data:`PLOT_HINT` when ``--plot`` was given and matplotlib cannot be imported."""
+    """:data:`PLOT_HINT` when ``--plot`` was given and matplotlib cannot be imported, or why
+    matplotlib cannot write that file type (the suffix names the format; none means PNG)."""
     if plot is None:
         return None
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         return PLOT_HINT
+    kind = plot.suffix.lower().lstrip(".")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if kind and kind not in formats:
+        known = ", ".join(sorted(formats))
+        return f"--plot {plot}: matplotlib cannot write .{kind} files (use one of {known})"
     return None
 
 

@@ -744,6 +744,8 @@ def _write_outputs(runs: list[EngineRun], settings: dict[str, Any], csv_path: Pa
             raise fail(COMMAND, f"{option} {path}: cannot write: {exc}") from None
         except ImportError:
             raise fail(COMMAND, PLOT_HINT) from None
+        except ValueError as exc:  # e.g. a file type matplotlib cannot write
+            raise fail(COMMAND, f"{option} {path}: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -50,14 +50,24 @@ class OneLineErrors(TyperGroup):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except ClickException as exc:
-            where = exc.ctx.command_path if isinstance(exc, UsageError) and exc.ctx else "pagedprefix"
-            typer.echo(f"{where}: error: {one_line(exc.format_message())}", err=True)
+            typer.echo(f"{self._where(exc, args)}: error: {one_line(exc.format_message())}", err=True)
             sys.exit(exc.exit_code)
         except typer.Abort:
             typer.echo("pagedprefix: aborted", err=True)
             sys.exit(1)
         # Without standalone mode click returns an Exit's code instead of exiting.
         sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+
+    def _where(self, exc: ClickException, args: Sequence[str] | None) -> str:
+        """``pagedprefix`` or ``pagedprefix COMMAND``: the command the error belongs to."""
+        ctx = exc.ctx if isinstance(exc, UsageError) else None
+        if ctx is not None and ctx.parent is not None:
+            return ctx.command_path
+        given = list(sys.argv[1:] if args is None else args)
+        if given and given[0] in self.commands:
+            return f"pagedprefix {given[0]}"
+        return "pagedprefix"
 
 
 app = typer.Typer(
@@ -76,7 +86,14 @@ def _trace_slice_group() -> tuple[str, CheckGroup]:
     return NAME, trace_slice_rows
 
 
+_registered: list[bool] = []
+
+
 def _register() -> None:
+    """Add every subcommand to :data:`app` (once; later calls do nothing)."""
+    if _registered:
+        return
+    _registered.append(True)
     from pagedprefix.conformance.cli import register as register_conformance
     from pagedprefix.model.cli import register as register_model
     from pagedprefix.replay.cli import register as register_replay
