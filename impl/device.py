@@ -440,9 +440,13 @@ class KVCache:
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = 2 * layers * blocks * size * heads * dim * itemsize
         _check_device_memory(nbytes, where, f"a KV cache of {layers} layers x 2 x {list(shape)} {dtype}")
-        self.num_blocks = blocks
-        self.key_caches = [torch.zeros(shape, dtype=dtype, device=where) for _ in range(layers)]
-        self.value_caches = [torch.zeros(shape, dtype=dtype, device=where) for _ in range(layers)]
+        self.num_blocks: int = blocks
+        self.key_caches: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=where) for _ in range(layers)
+        ]
+        self.value_caches: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=where) for _ in range(layers)
+        ]
         self.backend: Backend = backend
         self._pending: list[tuple[int, int]] = []
 
@@ -455,9 +459,10 @@ class KVCache:
         pairs: list[tuple[int, int]] = []
         for i, pair in enumerate(_items(copies, "copies", CopyError)):
             parts = _items(pair, f"copies[{i}]", CopyError)
-            if len(parts) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in parts):
+            ints = [x for x in parts if isinstance(x, int) and not isinstance(x, bool)]
+            if len(parts) != 2 or len(ints) != 2:
                 raise CopyError(f"copies[{i}] must be a (src, dst) pair of ints, got {safe_repr(pair)}")
-            src, dst = (int.__index__(x) for x in parts)  # type: ignore[call-overload]
+            src, dst = (int.__index__(x) for x in ints)
             for b in (src, dst):
                 if not 0 <= b < self.num_blocks:
                     raise InvalidBlockId(

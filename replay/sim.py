@@ -98,7 +98,7 @@ class ReplayConfig:
         if self.max_output is not None:
             _int_knob("max_output", self.max_output, 0, MAX_KNOB)
         step = self.step_ms
-        if step is not None and (not finite_number(step) or step < 0):  # type: ignore[operator]
+        if step is not None and (not finite_number(step) or step < 0):
             raise InvalidConfig(f"step_ms must be None or a finite number >= 0, got {safe_repr(step)}")
         check_config(self.cache_config(1))
 

@@ -224,6 +224,8 @@ def parse_lines(lines: Iterable[str], *, source: str = "<trace>", strict: bool =
         if limit is not None and len(requests) >= limit:
             break
         num_lines = number
+        obj: dict[str, object] | None
+        reason: str | None
         if type(raw) is not str:
             obj, reason = None, f"not a line of text (a {type(raw).__name__})"
         else:
