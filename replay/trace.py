@@ -189,8 +189,8 @@ def _check_fields(obj: dict[str, object]) -> str | None:
     want = -(-n_in // TRACE_BLOCK_SIZE)
     if len(ids) != want:
         return (
-            f"len(hash_ids) is {len(ids)} but input_length {n_in} needs ceil({n_in}/{TRACE_BLOCK_SIZE})"
-            f" = {want}"
+            f"len(hash_ids) is {len(ids)} but input_length {safe_repr(n_in)} needs "
+            f"ceil({safe_repr(n_in)}/{TRACE_BLOCK_SIZE}) = {safe_repr(want)}"
         )
     return None
 
