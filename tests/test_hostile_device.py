@@ -15,7 +15,7 @@ from typing import Any
 from unittest import mock
 
 import torch
-from hostile import CALLS, hostile, hostile_settings, mixed, report
+from hostile import CALLS, adversarial_numbers, hostile, hostile_settings, mixed, near_valid_list, report
 from hypothesis import given
 from hypothesis import strategies as st
 from pagedprefix.impl import BlockTables, KVCache
@@ -28,8 +28,10 @@ TABLE_ERRORS = (PrefixCacheError, BlockTableError, NoFreeRow)
 KV_ERRORS = (PrefixCacheError, CopyError, LayerError, KernelError)
 
 IDS = mixed(st.sampled_from([0, 1, "a"]))
-TABLES = mixed(st.lists(st.integers(0, NUM_BLOCKS - 1), max_size=4))
-POSITIONS = mixed(st.lists(st.integers(0, 8), max_size=3))
+VALID_TABLES = st.lists(st.integers(0, NUM_BLOCKS - 1), max_size=4)
+TABLES = st.one_of(mixed(VALID_TABLES), near_valid_list(VALID_TABLES, adversarial_numbers()))
+POSITIONS = st.one_of(mixed(st.lists(st.integers(0, 8), max_size=3)),
+                      near_valid_list(st.lists(st.integers(0, 8), max_size=3), adversarial_numbers()))
 
 TABLE_OPS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "add": st.tuples(IDS, TABLES),
