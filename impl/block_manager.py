@@ -30,6 +30,7 @@ import sys
 from array import array
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import xxhash
 from pagedprefix.spec import (
     NO_EXTRAS,
@@ -49,15 +50,20 @@ from pagedprefix.spec import (
     check_block_id,
     check_config,
     check_extras,
+    check_key,
+    check_memory,
     check_request_id,
     check_tokens,
     max_hit_blocks,
     root_key,
 )
 from pagedprefix.spec.cache import request_sort_key, resolve_seed
-from pagedprefix.spec.keys import HASH_FUNCTIONS, HashFn, encode_field
+from pagedprefix.spec.errors import safe_repr
+from pagedprefix.spec.keys import HashFn, encode_field, hash_function
 
 __all__ = [
+    "IMPL_BYTES_PER_BLOCK",
+    "IMPL_VERIFY_BYTES_PER_BLOCK",
     "BlockManager",
     "FreeBlockQueue",
     "encode_block_preimage",
@@ -74,6 +80,14 @@ assert array(_U32).itemsize == 4, "no 4-byte unsigned array typecode on this pla
 _BIG_ENDIAN = sys.byteorder == "big"
 _NO_FIELDS = b"\x00\x00\x00\x00"  # u32(0): a block without extra fields
 _MAX_TOKEN = 2**32
+_FILL_CHUNK = 1 << 20  # ids written per numpy call when a FreeBlockQueue is built
+
+IMPL_BYTES_PER_BLOCK = 24
+"""Bytes an empty :class:`BlockManager` pool takes per block: ``ref_cnt`` (4), the key slot (8),
+the free queue's two links (8), measured 20.4 with tracemalloc, rounded up. The estimate
+:meth:`BlockManager.create` checks against the memory available (``spec/limits.py``)."""
+IMPL_VERIFY_BYTES_PER_BLOCK = IMPL_BYTES_PER_BLOCK + 8
+"""The same under ``verify_tokens`` (one more slot per block for the remembered content)."""
 
 
 def _u32(x: int) -> bytes:
@@ -83,14 +97,14 @@ def _u32(x: int) -> bytes:
 def parse_tokens(tokens: object) -> array[int]:
     """Validate ``tokens`` and return them as a ``u32`` array (native byte order).
 
-    The fast path checks the types in one C-level pass (``type(t) is int``) and lets the array
-    conversion check the range; anything it does not accept (``bool``, ``int`` subclasses,
-    out-of-range ids, wrong container) goes through the spec's :func:`check_tokens`, so the error
-    and its message are the spec's.
+    The fast path (an exact ``list`` or ``tuple``) checks the types in one C-level pass
+    (``type(t) is int``) and lets the array conversion check the range; anything it does not accept
+    (``bool``, ``int`` subclasses, out-of-range ids, another container) goes through the spec's
+    :func:`check_tokens`, so the error and its message are the spec's.
 
     Raises :class:`pagedprefix.spec.InvalidTokens`.
     """
-    if isinstance(tokens, (list, tuple)):
+    if type(tokens) is list or type(tokens) is tuple:  # not a subclass: its len() could lie
         n = len(tokens)
         if n == 1:  # a decode step
             t = tokens[0]
@@ -157,14 +171,15 @@ class FreeBlockQueue:
     __slots__ = ("_next", "_prev", "_sentinel", "size")
 
     def __init__(self, num_blocks: int) -> None:
-        """A full queue ``[0, 1, …, num_blocks - 1]``; ``num_blocks >= 1``, below ``2**31 - 1``."""
-        if not 1 <= num_blocks < 2**31 - 1:
-            raise ValueError(f"num_blocks must be in [1, 2**31 - 1), got {num_blocks}")
+        """A full queue ``[0, 1, …, num_blocks - 1]``; ``num_blocks`` an int in ``[1, 2**31 - 1)``
+        (else ``ValueError``). Builds the links with numpy, in chunks: 2**30 blocks take seconds."""
+        if type(num_blocks) is not int or not 1 <= num_blocks < 2**31 - 1:
+            raise ValueError(f"num_blocks must be an int in [1, 2**31 - 1), got {safe_repr(num_blocks)}")
         n = num_blocks
         self._sentinel = n
-        nxt = array("i", range(1, n + 2))  # nxt[b] = b + 1, so nxt[n - 1] = n (the sentinel)
+        nxt = _counting(n + 1, 1)  # nxt[b] = b + 1, so nxt[n - 1] = n (the sentinel)
         nxt[n] = 0  # sentinel -> head
-        prv = array("i", range(-1, n))  # prv[b] = b - 1, so prv[n] = n - 1 (the tail)
+        prv = _counting(n + 1, -1)  # prv[b] = b - 1, so prv[n] = n - 1 (the tail)
         prv[0] = n  # head -> sentinel
         self._next = nxt
         self._prev = prv
@@ -241,6 +256,17 @@ class FreeBlockQueue:
         members = set(forward)
         for b in range(s):
             assert (b in members) == (nxt[b] != -1) == (prv[b] != -1)
+
+
+def _counting(length: int, first: int) -> array[int]:
+    """``array('i', range(first, first + length))``, filled through numpy without Python ints."""
+    out = array("i", bytes(4 * length))
+    view = np.frombuffer(out, dtype=np.int32)
+    for start in range(0, length, _FILL_CHUNK):
+        stop = min(start + _FILL_CHUNK, length)
+        view[start:stop] = np.arange(first + start, first + stop, dtype=np.int32)
+    del view  # release the buffer export
+    return out
 
 
 # ----- requests and verified contents -------------------------------------------------------------
@@ -338,16 +364,25 @@ class BlockManager:
         self._memo: tuple[array[int], Extras, list[bytes]] | None = None
         # Hashing: the constant parts of every block preimage.
         self._algo = config.hash_algo
-        fast: HashFn = xxhash.xxh3_128_digest
-        self._hash_fn = fast if self._algo == "xxh3_128" else HASH_FUNCTIONS[self._algo]
+        # xxh3_128 takes the seed as XXH3's own seed on every block (spec/keys.py); _chain passes it
+        # positionally, which is faster than a functools.partial.
+        self._xxh3_seed = 0 if hash_seed is None else hash_seed
+        self._hash_fn: HashFn = hash_function(self._algo, hash_seed)
         self._pre = b"PPBK" + _u32(len(root))  # every parent has the root's length
         self._mid = _u32(config.block_size)
         self._block_struct = struct.Struct(f"{4 * config.block_size}s")  # one block's token bytes
 
     @classmethod
     def create(cls, config: CacheConfig) -> BlockManager:
-        """A manager with every block free. Raises :class:`pagedprefix.spec.InvalidConfig`."""
+        """A manager with every block free.
+
+        Raises :class:`pagedprefix.spec.InvalidConfig` (``check_config``, and a pool whose estimated
+        ``num_blocks * IMPL_BYTES_PER_BLOCK`` bytes — :data:`IMPL_VERIFY_BYTES_PER_BLOCK` under
+        ``verify_tokens`` — exceed the memory available, before allocating).
+        """
         check_config(config)
+        per_block = IMPL_VERIFY_BYTES_PER_BLOCK if config.verify_tokens else IMPL_BYTES_PER_BLOCK
+        check_memory(config.num_blocks, per_block, "the block manager")
         seed = resolve_seed(config)
         root = root_key(config.hash_algo, config.block_size, config.namespace, seed)
         return cls(config, seed, root)
@@ -381,8 +416,14 @@ class BlockManager:
             if self._algo == "sha256":
                 sha256 = hashlib.sha256
                 return [p := sha256(join((pre, p, mid, b, t))).digest() for (b,) in blocks]
+            if self._algo == "xxh3_128":
+                xxh3, seed = xxhash.xxh3_128_digest, self._xxh3_seed
+                return [p := xxh3(join((pre, p, mid, b, t)), seed) for (b,) in blocks]
             h = self._hash_fn
             return [p := h(join((pre, p, mid, b, t))) for (b,) in blocks]
+        if self._algo == "xxh3_128":
+            xxh3, seed = xxhash.xxh3_128_digest, self._xxh3_seed
+            return [p := xxh3(join((pre, p, mid, b, t)), seed) for (b,), t in zip(blocks, tails)]
         h = self._hash_fn
         return [p := h(join((pre, p, mid, b, t))) for (b,), t in zip(blocks, tails)]
 
@@ -397,9 +438,14 @@ class BlockManager:
         return self._chain(self.root, token_bytes(tokens[:whole]), extras, 0)
 
     def block_keys(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> list[bytes]:
-        """Keys of the full blocks of ``tokens`` under this cache's root (no validation beyond
-        what the ``u32`` conversion does)."""
-        buf = array(_U32, tokens)
+        """Keys of the full blocks of ``tokens`` under this cache's root. Changes nothing.
+
+        Raises :class:`InvalidTokens`, :class:`InvalidExtras`; no tokens have no keys.
+        """
+        if (type(tokens) is list or type(tokens) is tuple) and not tokens:
+            return []
+        buf = parse_tokens(tokens)
+        check_extras(extras, len(buf))
         whole = len(buf) - len(buf) % self._block_size
         return self._chain(self.root, token_bytes(buf[:whole]), extras, 0)
 
@@ -526,10 +572,12 @@ class BlockManager:
 
     # ----- checks -------------------------------------------------------------------------------
 
-    def _check_new_id(self, request_id: object) -> None:
-        check_request_id(request_id)
-        if request_id in self._requests:
-            raise DuplicateRequest(f"request {request_id!r} is already live")
+    def _check_new_id(self, request_id: object) -> RequestId:
+        """``request_id`` as an exact str or int (``check_request_id``) that is not live."""
+        rid = check_request_id(request_id)
+        if rid in self._requests:
+            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
+        return rid
 
     def _live(self, request_id: RequestId) -> _Request:
         """The live request; :class:`InvalidRequestId` or :class:`UnknownRequest` otherwise."""
@@ -537,10 +585,9 @@ class BlockManager:
             request = self._requests.get(request_id)
             if request is not None:
                 return request
-        check_request_id(request_id)
-        request = self._requests.get(request_id)
+        request = self._requests.get(check_request_id(request_id))
         if request is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
+            raise UnknownRequest(f"request {safe_repr(request_id)} is not live")
         return request
 
     # ----- operations -----------------------------------------------------------------------------
@@ -568,7 +615,7 @@ class BlockManager:
         :class:`InvalidTokens`, :class:`InvalidExtras`, :class:`OutOfBlocks` (free cached blocks
         that are hit count against capacity). On error nothing changes.
         """
-        self._check_new_id(request_id)
+        rid = self._check_new_id(request_id)
         buf = parse_tokens(tokens)
         check_extras(extras, len(buf))
         keys = self._keys_of(buf, extras)
@@ -590,7 +637,7 @@ class BlockManager:
                 self._touch(b)
         table = hits + [self._pop_free() for _ in range(need)]
         request = _Request(buf, extras, table, keys)
-        self._requests[request_id] = request
+        self._requests[rid] = request
         for i in range(len(hits), len(keys)):
             self._register(request, i)
         return Allocation(len(hits) * size, tuple(request.block_table))
@@ -643,11 +690,11 @@ class BlockManager:
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child).
         """
         parent = self._live(parent_id)
-        self._check_new_id(child_id)
+        child = self._check_new_id(child_id)
         ref = self._ref
         for b in parent.block_table:
             ref[b] += 1
-        self._requests[child_id] = _Request(
+        self._requests[child] = _Request(
             array(_U32, parent.tokens), parent.extras, list(parent.block_table), list(parent.keys)
         )
 
@@ -658,7 +705,7 @@ class BlockManager:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`.
         """
         request = self._live(request_id)
-        del self._requests[request_id]
+        del self._requests[check_request_id(request_id)]
         ref = self._ref
         for b in reversed(request.block_table):
             if ref[b] > 1:  # still shared: just one reference fewer
@@ -710,8 +757,9 @@ class BlockManager:
         return tuple(self._free)
 
     def cached_blocks(self, key: bytes) -> tuple[int, ...]:
-        """Blocks holding ``key``, in insertion order."""
-        found = self._index.get(key)
+        """Blocks holding ``key``, in insertion order (none for a value that is not ``bytes``)."""
+        plain = check_key(key)
+        found = None if plain is None else self._index.get(plain)
         if found is None:
             return ()
         return (found,) if isinstance(found, int) else tuple(found)

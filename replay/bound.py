@@ -21,7 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .trace import TRACE_BLOCK_SIZE, TraceRequest
+from pagedprefix.spec.errors import safe_repr
+
+from .trace import TRACE_BLOCK_SIZE, TraceRequest, check_requests
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,14 @@ class PrefixBound:
 
 
 def prefix_hit_bound(requests: Iterable[TraceRequest], block_size: int) -> PrefixBound:
-    """The bound of the module docstring for ``requests`` (in the order given) at ``block_size``."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    """The bound of the module docstring for ``requests`` (in the order given) at ``block_size``.
+
+    Raises ``ValueError`` unless ``block_size`` is an int >= 1, and :class:`TraceError` (a
+    ``ValueError``) unless ``requests`` is a list or tuple of valid :class:`TraceRequest`.
+    """
+    if type(block_size) is not int or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {safe_repr(block_size)}")
+    requests = check_requests(requests)
     covered: dict[int, int] = {}  # id -> most of its tokens an earlier prompt held
     hits: list[int] = []
     prompt_tokens = 0

@@ -16,17 +16,27 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pagedprefix.spec import InvalidConfig, PrefixCacheError
 from rich.console import Console
 
-from .cli_common import _progress, parse_capacities
+from .cli_common import (
+    PLOT_HINT,
+    _progress,
+    fail,
+    memory_problem,
+    output_problem,
+    parse_capacities,
+    plot_problem,
+)
 from .compare import register as register_compare
 from .divergence import Divergence
 from .engines import DEFAULT_ENGINE, EngineUnavailable, load_factory
 from .lockstep import LockstepExecutor
 from .report import monotonicity_violations, results_table, write_csv, write_json, write_plot
-from .sim import Executor, ReplayConfig, ReplayResult, run_replay
-from .trace import BUILTIN_TRACES, TraceError, load_trace
+from .sim import Executor, ReplayConfig, ReplayResult, run_replay, unbounded_blocks
+from .trace import BUILTIN_TRACES, BadLine, TraceError, load_trace
 
+COMMAND = "replay"
 PROGRESS_MIN_REQUESTS = 500
 MAX_BAD_LINES_SHOWN = 10
 
@@ -69,44 +79,56 @@ def replay_command(
     out = Console()
     if not out.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
         out = Console(width=160)
+    # Everything that can be checked before the work starts: options, outputs, dependencies.
     capacities = parse_capacities(num_blocks)
+    configs = [ReplayConfig(block_size=block_size, num_blocks=cap, max_running=max_running,
+                            decode_chunk=decode_chunk, max_output=max_output, samples=samples,
+                            step_ms=step_ms, hash_algo=hash_algo) for cap in capacities]
+    try:
+        for config in configs:
+            config.validate()
+    except InvalidConfig as exc:
+        raise fail(COMMAND, exc) from None
+    outputs = {"--csv": csv_path, "--json": json_path, "--plot": plot,
+               "--repro": repro if check_spec else None}
+    problem = output_problem(outputs) or plot_problem(plot)
+    if problem is not None:
+        raise fail(COMMAND, problem)
     try:
         factory = load_factory(engine)
     except EngineUnavailable as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(COMMAND, exc) from None
+    except Exception as exc:  # a module:factory whose import fails in any other way
+        raise fail(COMMAND, f"engine {engine!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
     try:
         loaded = load_trace(trace, strict=strict, limit=limit)
     except TraceError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    if loaded.bad_lines:
-        console.print(f"[yellow]skipped {len(loaded.bad_lines)} bad line(s)[/yellow] in {trace}:")
-        for bad in loaded.bad_lines[:MAX_BAD_LINES_SHOWN]:
-            console.print(f"  {bad}")
-        if len(loaded.bad_lines) > MAX_BAD_LINES_SHOWN:
-            console.print(f"  … and {len(loaded.bad_lines) - MAX_BAD_LINES_SHOWN} more")
+        raise fail(COMMAND, exc) from None
+    _report_bad_lines(console, trace, loaded.bad_lines)
     if not loaded.requests:
-        console.print("[red]error:[/red] the trace has no valid requests")
-        raise typer.Exit(2)
+        raise fail(COMMAND, "the trace has no valid requests")
+    sizes = [unbounded_blocks(loaded.requests, c) if c.num_blocks is None else c.num_blocks
+             for c in configs]
+    problem = memory_problem(engine, sizes, "a pool")
+    if problem is not None:
+        raise fail(COMMAND, problem)
     show = progress
     if show is None:
         show = console.is_terminal and len(loaded) >= PROGRESS_MIN_REQUESTS
     results: list[ReplayResult] = []
     divergence: Divergence | None = None
-    for cap in capacities:
-        config = ReplayConfig(block_size=block_size, num_blocks=cap, max_running=max_running,
-                              decode_chunk=decode_chunk, max_output=max_output, samples=samples,
-                              step_ms=step_ms, hash_algo=hash_algo)
+    for config in configs:
+        cap = config.num_blocks
         label = f"{'unbounded' if cap is None else cap} blocks"
         try:
             with _progress(show, console, label, len(loaded)) as update:
                 result = run_replay(loaded.requests, config, factory, engine_name=engine, trace_name=trace,
                                     executor=LockstepExecutor if check_spec else Executor,
                                     progress=update)
-        except (ValueError, TypeError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+        except PrefixCacheError as exc:  # e.g. a pool the engine refuses (InvalidConfig)
+            raise fail(COMMAND, exc) from None
+        except Exception as exc:  # the engine itself failed: not a user error
+            raise fail(COMMAND, f"engine {engine!r} failed: {type(exc).__name__}: {exc}", code=1) from None
         results.append(result)
         if result.divergence is not None:
             divergence = result.divergence
@@ -118,21 +140,46 @@ def replay_command(
     drops = monotonicity_violations(results)
     for a, b, ra, rb in drops:
         out.print(f"note: token hit rate drops from {ra:.4f} at {a} blocks to {rb:.4f} at {b} blocks")
-    if csv_path is not None:
-        write_csv(results, csv_path)
-    if json_path is not None:
-        write_json(results, json_path)
-    if plot is not None:
-        try:
-            write_plot(results, plot)
-        except ImportError:
-            console.print("[red]error:[/red] --plot needs matplotlib (pip install 'pagedprefix[plot]')")
-            raise typer.Exit(2) from None
+    _write_outputs(results, csv_path, json_path, plot)
     if divergence is not None:
-        path = divergence.save(repro)
-        console.print(f"[red]{divergence}[/red]")
-        console.print(f"reproduction ({divergence.op_index + 1} operations) saved to {path}")
+        try:
+            path = divergence.save(repro)
+        except OSError as exc:
+            raise fail(COMMAND, f"--repro {repro}: cannot write: {exc}") from None
+        console.print(str(divergence), style="red", markup=False, highlight=False)
+        console.print(f"reproduction ({divergence.op_index + 1} operations) saved to {path}",
+                      markup=False, highlight=False)
         raise typer.Exit(1)
+
+
+def _report_bad_lines(console: Console, trace: str, bad_lines: list[BadLine]) -> None:
+    """The lenient mode's summary of skipped lines (their text is shown as is, never as markup)."""
+    if not bad_lines:
+        return
+    console.print(f"skipped {len(bad_lines)} bad line(s) in {trace}:", style="yellow", markup=False,
+                  highlight=False)
+    for bad in bad_lines[:MAX_BAD_LINES_SHOWN]:
+        console.print(f"  {bad}", markup=False, highlight=False)
+    if len(bad_lines) > MAX_BAD_LINES_SHOWN:
+        console.print(f"  … and {len(bad_lines) - MAX_BAD_LINES_SHOWN} more", markup=False)
+
+
+def _write_outputs(results: list[ReplayResult], csv_path: Path | None, json_path: Path | None,
+                   plot: Path | None) -> None:
+    """Write the files asked for (their directories were checked before the work)."""
+    writers = ((csv_path, "--csv", write_csv), (json_path, "--json", write_json),
+               (plot, "--plot", write_plot))
+    for path, option, write in writers:
+        if path is None:
+            continue
+        try:
+            write(results, path)
+        except OSError as exc:
+            raise fail(COMMAND, f"{option} {path}: cannot write: {exc}") from None
+        except ImportError:
+            raise fail(COMMAND, PLOT_HINT) from None
+        except ValueError as exc:  # e.g. a file type matplotlib cannot write
+            raise fail(COMMAND, f"{option} {path}: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:

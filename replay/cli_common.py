@@ -1,20 +1,42 @@
-"""Pieces shared by the replay commands (``replay``, ``compare-engines``): capacity lists and
-the progress bar."""
+"""Pieces shared by the replay commands (``replay``, ``compare-engines``): capacity lists, the
+progress bar, and the checks every command makes before it starts working.
+
+User errors end the command with one plain line on stderr (:func:`fail`, exit code 2): plain
+text, not rich markup, so a path or a hint such as ``pagedprefix[plot]`` is printed as given.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 import typer
+from pagedprefix.spec import InvalidConfig, check_memory
+from pagedprefix.spec.errors import safe_repr
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .engines import builtin_bytes_per_block
 from .sim import ProgressFn
+
+PLOT_HINT = ("--plot needs matplotlib (the plot extra): pip install 'pagedprefix[plot]', "
+             "or pip install matplotlib")
+
+
+def fail(command: str, message: object, code: int = 2) -> typer.Exit:
+    """Print ``pagedprefix COMMAND: error: MESSAGE`` as one plain line on stderr (whitespace runs,
+    newlines included, become one space) and return the ``typer.Exit`` to raise."""
+    text = " ".join(str(message).split())
+    typer.echo(f"pagedprefix {command}: error: {text}", err=True)
+    return typer.Exit(code)
 
 
 def parse_capacities(text: str) -> list[int | None]:
-    """``"1000,4000,unbounded"`` -> ``[1000, 4000, None]`` (``unbounded``/``inf``: never evict)."""
+    """``"1000,4000,unbounded"`` -> ``[1000, 4000, None]`` (``unbounded``/``inf``: never evict).
+
+    Raises ``typer.BadParameter`` (for ``--num-blocks``) for anything else."""
     out: list[int | None] = []
     for part in text.split(","):
         item = part.strip().lower().replace("_", "")
@@ -23,16 +45,71 @@ def parse_capacities(text: str) -> list[int | None]:
         if item in ("unbounded", "inf", "none"):
             out.append(None)
             continue
-        try:
-            value = int(item)
-        except ValueError:
-            raise typer.BadParameter(f"not a block count: {part.strip()!r}") from None
+        if not item.isascii() or not item.isdigit() or len(item) > 19:
+            raise typer.BadParameter(f"not a block count: {safe_repr(part.strip())}",
+                                     param_hint="--num-blocks")
+        value = int(item)
         if value < 1:
-            raise typer.BadParameter(f"block counts must be >= 1, got {value}")
+            raise typer.BadParameter(f"block counts must be >= 1, got {value}", param_hint="--num-blocks")
         out.append(value)
     if not out:
-        raise typer.BadParameter("give at least one block count")
+        raise typer.BadParameter("give at least one block count", param_hint="--num-blocks")
     return out
+
+
+def output_problem(paths: Mapping[str, Path | None]) -> str | None:
+    """Why one of the output files (``{option: path}``, ``None`` when not asked for) cannot be
+    written, checked before any work: a directory in its place, a parent directory that does not
+    exist or is not writable, a file that is not writable, a path the OS rejects. ``None`` if all
+    can be written."""
+    for option, path in paths.items():
+        if path is None:
+            continue
+        try:
+            parent = path.parent
+            if path.is_dir():
+                return f"{option} {path}: is a directory"
+            if not parent.is_dir():
+                return f"{option} {path}: the directory {parent} does not exist"
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"{option} {path}: the directory {parent} is not writable"
+            if path.exists() and not os.access(path, os.W_OK):
+                return f"{option} {path}: the file is not writable"
+        except (OSError, ValueError) as exc:  # a NUL byte, a name too long, an unencodable name
+            return f"{option} {safe_repr(str(path))}: not a usable path ({exc})"
+    return None
+
+
+def plot_problem(plot: Path | None) -> str | None:
+    """:data:`PLOT_HINT` when ``--plot`` was given and matplotlib cannot be imported, or why
+    matplotlib cannot write that file type (the suffix names the format; none means PNG)."""
+    if plot is None:
+        return None
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return PLOT_HINT
+    kind = plot.suffix.lower().lstrip(".")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if kind and kind not in formats:
+        known = ", ".join(sorted(formats))
+        return f"--plot {plot}: matplotlib cannot write .{kind} files (use one of {known})"
+    return None
+
+
+def memory_problem(engine: str, capacities: list[int], what: str) -> str | None:
+    """Why a built-in engine (``impl``, ``spec``, ``radix``) cannot build a pool of one of
+    ``capacities`` blocks in the memory available (``spec.check_memory`` with the engine's exposed
+    bytes per block); ``None`` when all fit, or for an engine this module does not know."""
+    per_block = builtin_bytes_per_block(engine)
+    if per_block is None:
+        return None
+    for cap in capacities:
+        try:
+            check_memory(cap, per_block, f"{what} (engine {engine})")
+        except InvalidConfig as exc:
+            return str(exc)
+    return None
 
 
 @contextmanager
@@ -40,7 +117,9 @@ def _progress(enabled: bool, console: Console, label: str, total: int) -> Iterat
     if not enabled:
         yield None
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    # The label holds a trace path: never read it as rich markup.
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(label, total=total)
 

@@ -50,15 +50,32 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId
+from pagedprefix.spec import (
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    Extras,
+    PrefixCacheError,
+    RequestId,
+)
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from .cli_common import _progress, parse_capacities
+from .cli_common import (
+    PLOT_HINT,
+    _progress,
+    fail,
+    memory_problem,
+    output_problem,
+    parse_capacities,
+    plot_problem,
+)
 from .engines import EngineFactory, EngineUnavailable, ReplayEngine, load_factory, num_evictions
 from .report import CSV_FIELDS, monotonicity_violations
-from .sim import ProgressFn, ReplayConfig, ReplayResult, run_replay
+from .sim import ProgressFn, ReplayConfig, ReplayResult, run_replay, unbounded_blocks
 from .trace import BUILTIN_TRACES, TraceError, TraceRequest, load_trace
 
 __all__ = [
@@ -451,7 +468,7 @@ def compare_table(runs: Sequence[EngineRun]) -> Table:
             table.add_section()
         previous = group
         table.add_row(
-            r.trace, f"{r.num_blocks:,}{'*' if r.unbounded else ''}", run.label,
+            Text(r.trace), f"{r.num_blocks:,}{'*' if r.unbounded else ''}", run.label,
             _fmt(r.token_hit_rate), _fmt(r.block_hit_rate), _count(r.evictions), _count(run.duplicate_blocks),
             str(r.preemptions), f"{r.operations:,}", f"{run.engine_s:.2f}",
             "-" if run.ops_per_s is None else f"{run.ops_per_s:,.0f}",
@@ -462,7 +479,7 @@ def compare_table(runs: Sequence[EngineRun]) -> Table:
              f"{_fmt(r.bound_block_hit_rate)} block hit rate" for t, r in bounds.items()]
     if any(r.result.unbounded for r in runs):
         notes.append("* unbounded: a pool that never evicts")
-    table.caption = "\n".join(notes) if notes else None
+    table.caption = Text("\n".join(notes)) if notes else None  # trace names are not markup
     return table
 
 
@@ -608,35 +625,13 @@ def compare_engines_command(
     out = Console()
     if not out.is_terminal:
         out = Console(width=160)
-
-    def fail(message: str) -> typer.Exit:
-        console.print(f"[red]error:[/red] {message}")
-        return typer.Exit(2)
-
-    capacities = parse_capacities(num_blocks)
-    if memory not in MEMORY_METHODS:
-        raise fail(f"--memory must be one of {', '.join(MEMORY_METHODS)}")
-    try:
-        chosen = parse_engines(engines)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-    for spec in dict.fromkeys(e.engine for e in chosen):
-        try:
-            load_factory(spec)
-        except EngineUnavailable as exc:
-            raise fail(str(exc)) from None
-    names = [t.strip() for t in trace.split(",") if t.strip()]
-    if not names:
-        raise fail("give at least one trace")
-    loaded: dict[str, Sequence[TraceRequest]] = {}
-    for name in names:
-        try:
-            requests = load_trace(name, limit=limit or None).requests
-        except TraceError as exc:
-            raise fail(str(exc)) from None
-        if not requests:
-            raise fail(f"trace {name} has no valid requests")
-        loaded[name] = requests
+    capacities, chosen, names = _check_options(num_blocks, engines, trace, memory, block_size, max_running,
+                                               decode_chunk, max_output, hash_algo)
+    problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
+    if problem is not None:
+        raise fail(COMMAND, problem)
+    loaded = _load_traces(names, limit)
+    _check_memory(loaded, capacities, chosen, block_size, max_output)
     show = progress
     if show is None:
         show = console.is_terminal and max(len(r) for r in loaded.values()) >= 500
@@ -649,7 +644,7 @@ def compare_engines_command(
     def after_run(run: EngineRun) -> None:
         r = run.result
         console.print(f"{r.trace} {r.num_blocks} {run.label}: token hit {r.token_hit_rate:.4f}, "
-                      f"wall {r.wall_s:.1f} s", highlight=False)
+                      f"wall {r.wall_s:.1f} s", highlight=False, markup=False)
 
     try:
         runs = compare_engines(
@@ -657,29 +652,100 @@ def compare_engines_command(
             max_output=max_output, hash_algo=hash_algo, engines=chosen, memory=memory,
             around_run=around_run, after_run=after_run,
         )
-    except (ValueError, TypeError) as exc:
-        raise fail(str(exc)) from None
+    except PrefixCacheError as exc:  # e.g. a pool an engine refuses (InvalidConfig)
+        raise fail(COMMAND, exc) from None
+    except Exception as exc:  # an engine failed: not a user error
+        raise fail(COMMAND, f"an engine failed: {type(exc).__name__}: {exc}", code=1) from None
     total = time.perf_counter() - t0
     out.print(compare_table(runs))
     out.print(f"{len(runs)} runs in {total:.1f} s")
     for v in _violations(runs):
         out.print(f"note: {v['trace']} {v['engine']}: token hit rate drops from {v['from_rate']:.4f} at "
-                  f"{v['from_blocks']} blocks to {v['to_rate']:.4f} at {v['to_blocks']} blocks")
+                  f"{v['from_blocks']} blocks to {v['to_rate']:.4f} at {v['to_blocks']} blocks",
+                  markup=False, highlight=False)
     settings = {
         "traces": names, "capacities": ["unbounded" if c is None else c for c in capacities],
         "block_size": block_size, "limit": limit or None, "max_running": max_running,
         "decode_chunk": decode_chunk, "max_output": max_output, "hash_algo": hash_algo,
         "engines": [e.label for e in chosen], "memory": memory, "total_s": total,
     }
-    if csv_path is not None:
-        write_compare_csv(runs, csv_path)
-    if json_path is not None:
-        write_compare_json(runs, json_path, settings)
-    if plot is not None:
+    _write_outputs(runs, settings, csv_path, json_path, plot)
+
+
+COMMAND = "compare-engines"
+
+
+def _check_options(
+    num_blocks: str, engines: str, trace: str, memory: str, block_size: int, max_running: int,
+    decode_chunk: int, max_output: int | None, hash_algo: str,
+) -> tuple[list[int | None], tuple[EngineSpec, ...], list[str]]:
+    """The capacities, engines and trace names of the command line, every option checked (one
+    plain error line and exit 2 otherwise), before anything is loaded."""
+    capacities = parse_capacities(num_blocks)
+    if memory not in MEMORY_METHODS:
+        raise fail(COMMAND, f"--memory must be one of {', '.join(MEMORY_METHODS)}")
+    try:
+        chosen = parse_engines(engines)
+        for cap in capacities:
+            ReplayConfig(block_size=block_size, num_blocks=cap, max_running=max_running,
+                         decode_chunk=decode_chunk, max_output=max_output, hash_algo=hash_algo).validate()
+    except ValueError as exc:  # InvalidConfig is a ValueError
+        raise fail(COMMAND, exc) from None
+    for spec in dict.fromkeys(e.engine for e in chosen):
         try:
-            write_compare_plot(runs, plot)
+            load_factory(spec)
+        except EngineUnavailable as exc:
+            raise fail(COMMAND, exc) from None
+    names = [t.strip() for t in trace.split(",") if t.strip()]
+    if not names:
+        raise fail(COMMAND, "give at least one trace")
+    return capacities, chosen, names
+
+
+def _load_traces(names: list[str], limit: int) -> dict[str, Sequence[TraceRequest]]:
+    loaded: dict[str, Sequence[TraceRequest]] = {}
+    for name in names:
+        try:
+            requests = load_trace(name, limit=limit or None).requests
+        except TraceError as exc:
+            raise fail(COMMAND, exc) from None
+        if not requests:
+            raise fail(COMMAND, f"trace {name} has no valid requests")
+        loaded[name] = requests
+    return loaded
+
+
+def _check_memory(loaded: dict[str, Sequence[TraceRequest]], capacities: list[int | None],
+                  chosen: Sequence[EngineSpec], block_size: int, max_output: int | None) -> None:
+    """Every pool of the sweep (an unbounded one sized for its trace) fits for every engine."""
+    config = ReplayConfig(block_size=block_size, max_output=max_output)
+    sizes = sorted({unbounded_blocks(reqs, config) if cap is None else cap
+                    for reqs in loaded.values() for cap in capacities})
+    for engine in dict.fromkeys(e.engine for e in chosen):
+        problem = memory_problem(engine, sizes, "a pool")
+        if problem is not None:
+            raise fail(COMMAND, problem)
+
+
+def _write_outputs(runs: list[EngineRun], settings: dict[str, Any], csv_path: Path | None,
+                   json_path: Path | None, plot: Path | None) -> None:
+    """Write the files asked for (their directories were checked before the work)."""
+    writers: list[tuple[Path | None, str, Callable[[Path], None]]] = [
+        (csv_path, "--csv", lambda p: write_compare_csv(runs, p)),
+        (json_path, "--json", lambda p: write_compare_json(runs, p, settings)),
+        (plot, "--plot", lambda p: write_compare_plot(runs, p)),
+    ]
+    for path, option, write in writers:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as exc:
+            raise fail(COMMAND, f"{option} {path}: cannot write: {exc}") from None
         except ImportError:
-            raise fail("--plot needs matplotlib (pip install 'pagedprefix[plot]')") from None
+            raise fail(COMMAND, PLOT_HINT) from None
+        except ValueError as exc:  # e.g. a file type matplotlib cannot write
+            raise fail(COMMAND, f"{option} {path}: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:

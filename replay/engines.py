@@ -25,6 +25,7 @@ __all__ = [
     "EngineFactory",
     "EngineUnavailable",
     "ReplayEngine",
+    "builtin_bytes_per_block",
     "load_factory",
     "num_evictions",
 ]
@@ -75,4 +76,23 @@ def num_evictions(engine: object) -> int | None:
         value = value()
     if isinstance(value, int) and not isinstance(value, bool):
         return value
+    return None
+
+
+def builtin_bytes_per_block(name: str) -> int | None:
+    """The per-block memory estimate a built-in engine (``impl``, ``spec``, ``radix``) checks in its
+    ``create`` (``IMPL_BYTES_PER_BLOCK``, ``SPEC_BYTES_PER_BLOCK``, ``RADIX_BYTES_PER_BLOCK``);
+    ``None`` for any other engine name."""
+    if name == "impl":
+        from pagedprefix.impl.block_manager import IMPL_BYTES_PER_BLOCK
+
+        return IMPL_BYTES_PER_BLOCK
+    if name == "spec":
+        from pagedprefix.spec.cache import SPEC_BYTES_PER_BLOCK
+
+        return SPEC_BYTES_PER_BLOCK
+    if name == "radix":
+        from pagedprefix.impl.radix import RADIX_BYTES_PER_BLOCK
+
+        return RADIX_BYTES_PER_BLOCK
     return None

@@ -34,15 +34,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pagedprefix.spec import Allocation, AppendResult, CacheConfig, OutOfBlocks
+from pagedprefix.spec import MAX_NUM_BLOCKS, Allocation, AppendResult, CacheConfig, InvalidConfig, OutOfBlocks
+from pagedprefix.spec.cache import check_config
+from pagedprefix.spec.errors import safe_repr
 
 from .bound import prefix_hit_bound
 from .divergence import Divergence
 from .engines import EngineFactory, ReplayEngine, num_evictions
 from .synth import decode_tokens, prompt_tokens
-from .trace import TraceRequest
+from .trace import TraceRequest, check_requests, finite_number
 
 ProgressFn = Callable[[int, int], None]
+MAX_SAMPLES = 1024
+"""Most sequences per request (``ReplayConfig.samples``)."""
+MAX_KNOB = 2**31 - 1
+"""Upper bound of the int knobs ``max_running``, ``decode_chunk`` and ``max_output``."""
+
+
+def _int_knob(name: str, value: object, low: int, high: int) -> None:
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidConfig(f"{name} must be an int in [{low}, {high}], got {safe_repr(value)}")
 
 
 @dataclass(frozen=True)
@@ -73,17 +84,23 @@ class ReplayConfig:
     dedup_on_full: bool = False
 
     def validate(self) -> None:
-        """Raise ``ValueError`` for a knob out of range."""
-        if self.block_size < 1:
-            raise ValueError("block_size must be >= 1")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError("num_blocks must be >= 1")
-        if self.max_running < 1 or self.decode_chunk < 1 or self.samples < 1:
-            raise ValueError("max_running, decode_chunk and samples must be >= 1")
-        if self.max_output is not None and self.max_output < 0:
-            raise ValueError("max_output must be >= 0")
-        if self.step_ms is not None and self.step_ms < 0:
-            raise ValueError("step_ms must be >= 0")
+        """Raise :class:`pagedprefix.spec.InvalidConfig` (a ``ValueError``) for a knob of the wrong
+        type or out of range: ints must be exact ints (not ``bool``) — ``max_running`` and
+        ``decode_chunk`` in ``[1, 2**31 - 1]``, ``samples`` in ``[1, MAX_SAMPLES]``, ``max_output``
+        ``None`` or in ``[0, 2**31 - 1]``, ``num_blocks`` ``None`` or in ``[1, MAX_NUM_BLOCKS]`` —,
+        ``step_ms`` ``None`` or a finite number >= 0 (a NaN clock would never reach an arrival), and
+        the cache fields must pass :func:`pagedprefix.spec.check_config`."""
+        if self.num_blocks is not None:
+            _int_knob("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
+        _int_knob("max_running", self.max_running, 1, MAX_KNOB)
+        _int_knob("decode_chunk", self.decode_chunk, 1, MAX_KNOB)
+        _int_knob("samples", self.samples, 1, MAX_SAMPLES)
+        if self.max_output is not None:
+            _int_knob("max_output", self.max_output, 0, MAX_KNOB)
+        step = self.step_ms
+        if step is not None and (not finite_number(step) or step < 0):
+            raise InvalidConfig(f"step_ms must be None or a finite number >= 0, got {safe_repr(step)}")
+        check_config(self.cache_config(1))
 
     def output_length(self, req: TraceRequest) -> int:
         if self.max_output is None:
@@ -239,9 +256,17 @@ def run_replay(
     the spec alongside, and the replay then stops at the first divergence, which is returned in
     ``result.divergence`` (with the operation sequence up to it, see
     :class:`pagedprefix.replay.divergence.Divergence`).
+
+    Raises, before anything runs: :class:`pagedprefix.spec.InvalidConfig` (``config`` is not a
+    :class:`ReplayConfig`, or :meth:`ReplayConfig.validate` fails; also from the engine, e.g. a
+    pool too large for memory) and :class:`pagedprefix.replay.TraceError` (``requests`` is not a
+    list of valid :class:`TraceRequest`). With a valid config it always terminates: every scheduler
+    step decodes, admits, rejects or finishes a request, or advances the clock to the next arrival.
     """
+    if not isinstance(config, ReplayConfig):
+        raise InvalidConfig(f"config must be a ReplayConfig, got {type(config).__name__}")
     config.validate()
-    reqs = list(requests)
+    reqs = check_requests(requests)
     n = len(reqs)
     bsz = config.block_size
     unbounded = config.num_blocks is None

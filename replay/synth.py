@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+from pagedprefix.spec import check_memory
 
 from .trace import TRACE_BLOCK_SIZE
 
@@ -46,6 +47,17 @@ _OFFSETS = np.arange(TRACE_BLOCK_SIZE, dtype=np.uint64)
 
 U64Array = npt.NDArray[np.uint64]
 U32Array = npt.NDArray[np.uint32]
+
+
+BYTES_PER_TOKEN = 48
+"""Peak bytes one synthesized token takes (a uint64 in numpy, then a Python int in a list)."""
+
+
+def _check_room(count: int) -> None:
+    """``InvalidConfig`` (a ``ValueError``) when ``count`` tokens would not fit in the memory
+    available (``spec.check_memory``); counts up to 2**20 are never checked (they always fit)."""
+    if count > 2**20:
+        check_memory(count, BYTES_PER_TOKEN, "token synthesis")
 
 
 def mix31(x: U64Array) -> U64Array:
@@ -86,8 +98,14 @@ def prompt_token_array(hash_ids: Sequence[int], input_length: int) -> U32Array:
     """The prompt's token ids as a uint32 array of length ``input_length``.
 
     ``hash_ids`` must cover the prompt: ``len(hash_ids) * 512 >= input_length`` (the trace loader
-    guarantees ``len(hash_ids) == ceil(input_length / 512)``).
+    guarantees ``len(hash_ids) == ceil(input_length / 512)``). Raises ``ValueError`` otherwise, and
+    unless ``hash_ids`` is a list or tuple of ints in ``[0, 2**64)`` and ``input_length`` an int.
     """
+    if type(input_length) is not int or not isinstance(hash_ids, (list, tuple)):
+        raise ValueError("hash_ids must be a list or tuple of ints and input_length an int")
+    if any(type(h) is not int or not 0 <= h < 2**64 for h in hash_ids):
+        raise ValueError("hash ids must be ints in [0, 2**64)")
+    _check_room(input_length)
     if input_length < 0 or len(hash_ids) * TRACE_BLOCK_SIZE < input_length:
         raise ValueError(
             f"{len(hash_ids)} hash ids cannot cover {input_length} tokens at {TRACE_BLOCK_SIZE} per id"
@@ -105,9 +123,13 @@ def prompt_tokens(hash_ids: Sequence[int], input_length: int) -> list[int]:
 
 
 def decode_tokens(start: int, count: int) -> list[int]:
-    """``count`` decode tokens of the sequence whose decode range starts at ``start``."""
-    if start < 0 or count < 0:
-        raise ValueError("start and count must be >= 0")
+    """``count`` decode tokens of the sequence whose decode range starts at ``start``.
+
+    Raises ``ValueError`` unless both are ints >= 0 (``InvalidConfig``, a ``ValueError``, when
+    ``count`` tokens do not fit in memory)."""
+    if type(start) is not int or type(count) is not int or start < 0 or count < 0:
+        raise ValueError("start and count must be ints >= 0")
+    _check_room(count)
     k = (np.arange(count, dtype=np.uint64) + np.uint64(start % DECODE_BASE)) & _MASK31
     out: list[int] = (k + np.uint64(DECODE_BASE)).tolist()
     return out

@@ -24,10 +24,13 @@ import gzip
 import io
 import json
 import math
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+from pagedprefix.spec.errors import safe_repr
 
 TRACE_BLOCK_SIZE = 512
 """Tokens per ``hash_ids`` entry in the Mooncake format."""
@@ -102,7 +105,8 @@ class Trace:
 
 
 def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    """Exactly an int (what JSON gives): not a bool, not a subclass whose comparisons could lie."""
+    return type(x) is int
 
 
 class _TreeChecker:
@@ -140,9 +144,25 @@ def _parse(text: str) -> tuple[dict[str, object] | None, str | None]:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return None, "not valid JSON (nested too deeply)"
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        return None, f"not valid JSON ({exc})"
     if not isinstance(obj, dict):
         return None, f"expected a JSON object, got {type(obj).__name__}"
     return obj, None
+
+
+def finite_number(x: object) -> bool:
+    """Whether ``x`` is exactly an int or a float whose value is a finite float (an int too large
+    for a float, a NaN or an infinity is not)."""
+    if type(x) is int:
+        try:
+            float(x)
+        except OverflowError:
+            return False
+        return True
+    return type(x) is float and math.isfinite(x)
 
 
 def _check_fields(obj: dict[str, object]) -> str | None:
@@ -151,26 +171,26 @@ def _check_fields(obj: dict[str, object]) -> str | None:
         if name not in obj:
             return f"missing field {name!r}"
     ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-        return f"timestamp must be a finite number >= 0, got {ts!r}"
+    if not finite_number(ts) or ts < 0:  # type: ignore[operator]
+        return f"timestamp must be a finite number >= 0, got {safe_repr(ts)}"
     n_in = obj["input_length"]
     if not _is_int(n_in) or n_in < 1:  # type: ignore[operator]
-        return f"input_length must be an int >= 1, got {n_in!r}"
+        return f"input_length must be an int >= 1, got {safe_repr(n_in)}"
     n_out = obj["output_length"]
     if not _is_int(n_out) or n_out < 0:  # type: ignore[operator]
-        return f"output_length must be an int >= 0, got {n_out!r}"
+        return f"output_length must be an int >= 0, got {safe_repr(n_out)}"
     ids = obj["hash_ids"]
     if not isinstance(ids, list):
         return f"hash_ids must be a list of ints, got {type(ids).__name__}"
     for pos, h in enumerate(ids):
         if not _is_int(h) or not 0 <= h < MAX_HASH_ID:
-            return f"hash_ids[{pos}] must be an int in [0, 2**63), got {h!r}"
+            return f"hash_ids[{pos}] must be an int in [0, 2**63), got {safe_repr(h)}"
     assert isinstance(n_in, int)
     want = -(-n_in // TRACE_BLOCK_SIZE)
     if len(ids) != want:
         return (
-            f"len(hash_ids) is {len(ids)} but input_length {n_in} needs ceil({n_in}/{TRACE_BLOCK_SIZE})"
-            f" = {want}"
+            f"len(hash_ids) is {len(ids)} but input_length {safe_repr(n_in)} needs "
+            f"ceil({safe_repr(n_in)}/{TRACE_BLOCK_SIZE}) = {safe_repr(want)}"
         )
     return None
 
@@ -184,7 +204,17 @@ def parse_lines(lines: Iterable[str], *, source: str = "<trace>", strict: bool =
         source: a name for messages.
         strict: raise :class:`TraceError` at the first bad line instead of skipping it.
         limit: stop after this many valid requests.
+
+    Raises :class:`TraceError`: in strict mode at the first bad line (a line that is not a ``str``
+    is bad too); for arguments of the wrong type (``lines`` a str or not iterable — a list, a file,
+    a generator are fine —, ``strict`` not a bool, ``limit`` not ``None`` or an int >= 0).
     """
+    check_read_options(source, strict, limit)
+    if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
+        raise TraceError(source, None,
+                         f"{source}: lines must be an iterable of str, got {type(lines).__name__}")
+    if isinstance(lines, list):
+        lines = list.__iter__(lines)
     requests: list[TraceRequest] = []
     bad: list[BadLine] = []
     tree = _TreeChecker()
@@ -194,10 +224,15 @@ def parse_lines(lines: Iterable[str], *, source: str = "<trace>", strict: bool =
         if limit is not None and len(requests) >= limit:
             break
         num_lines = number
-        text = raw.strip()
-        if not text:
-            continue
-        obj, reason = _parse(text)
+        obj: dict[str, object] | None
+        reason: str | None
+        if type(raw) is not str:
+            obj, reason = None, f"not a line of text (a {type(raw).__name__})"
+        else:
+            text = raw.strip()
+            if not text:
+                continue
+            obj, reason = _parse(text)
         if obj is not None:
             reason = _check_fields(obj)
         if obj is not None and reason is None:
@@ -228,12 +263,39 @@ def parse_lines(lines: Iterable[str], *, source: str = "<trace>", strict: bool =
     return Trace(source, requests, bad, num_lines)
 
 
+def check_requests(requests: object, source: str = "<requests>") -> list[TraceRequest]:
+    """``requests`` as a list, after checking that it is a list or tuple of :class:`TraceRequest`
+    whose fields obey the rules of one trace line (module docstring; the prefix-tree and ordering
+    rules between lines are not re-checked: the replay does not rely on them).
+
+    Raises :class:`TraceError` naming the first bad request.
+    """
+    if not isinstance(requests, (list, tuple)):
+        raise TraceError(source, None, f"{source}: requests must be a list of TraceRequest, "
+                         f"got {type(requests).__name__}")
+    items = list(list.__iter__(requests) if isinstance(requests, list) else tuple.__iter__(requests))
+    for pos, req in enumerate(items):
+        reason: str | None
+        if type(req) is not TraceRequest:
+            reason = f"expected a TraceRequest, got {type(req).__name__}"
+        elif not _is_int(req.index) or not _is_int(req.line):
+            reason = "index and line must be ints"
+        elif type(req.hash_ids) is not tuple:
+            reason = f"hash_ids must be a tuple of ints, got {type(req.hash_ids).__name__}"
+        else:
+            reason = _check_fields({"timestamp": req.timestamp, "input_length": req.input_length,
+                                    "output_length": req.output_length, "hash_ids": list(req.hash_ids)})
+        if reason is not None:
+            raise TraceError(source, BadLine(pos + 1, reason), f"{source}: request {pos}: {reason}")
+    return items
+
+
 def builtin_path(name: str) -> Path:
     """Filesystem path of a shipped trace (``conversation`` or ``synthetic``)."""
     try:
         file_name = BUILTIN_TRACES[name]
     except KeyError:
-        raise TraceError(name, None, f"unknown built-in trace {name!r}; choose from "
+        raise TraceError(name, None, f"unknown built-in trace {safe_repr(name)}; choose from "
                          f"{sorted(BUILTIN_TRACES)} or give a path") from None
     ref = resources.files("pagedprefix.replay").joinpath("data").joinpath(file_name)
     return Path(str(ref))
@@ -244,9 +306,14 @@ def resolve_trace(name_or_path: str | Path) -> Path:
     if isinstance(name_or_path, str) and name_or_path in BUILTIN_TRACES:
         return builtin_path(name_or_path)
     path = Path(name_or_path)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long, an unencodable name
+        raise TraceError(str(name_or_path), None, f"not a usable trace path: {exc}") from None
+    if not found:
+        shown = safe_repr(str(name_or_path), 200)
         raise TraceError(str(name_or_path), None,
-                         f"no trace file {str(name_or_path)!r} (built-in traces: {sorted(BUILTIN_TRACES)})")
+                         f"no trace file {shown} (built-in traces: {sorted(BUILTIN_TRACES)})")
     return path
 
 
@@ -262,14 +329,29 @@ def _lines(handle: io.TextIOBase) -> Iterator[str]:
     yield from handle
 
 
+def check_read_options(source: object, strict: object, limit: object) -> None:
+    """:class:`TraceError` unless ``strict`` is a bool and ``limit`` ``None`` or an int >= 0."""
+    name = source if isinstance(source, str) else "<trace>"
+    if not isinstance(strict, bool):
+        raise TraceError(name, None, f"{name}: strict must be a bool, got {type(strict).__name__}")
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise TraceError(name, None, f"{name}: limit must be None or an int >= 0, got {safe_repr(limit)}")
+
+
 def load_trace(name_or_path: str | Path, *, strict: bool = False, limit: int | None = None) -> Trace:
     """Load a trace by built-in name (``conversation``, ``synthetic``) or path (``.gz`` detected by
-    content). Raises :class:`TraceError` for a missing or undecodable file, and for the first bad
-    line when ``strict``."""
+    content). Raises :class:`TraceError` for a missing, unreadable or undecodable file (not UTF-8,
+    a truncated or corrupt gzip stream: ``OSError``, ``EOFError``, ``zlib.error``), and for the
+    first bad line when ``strict``."""
+    if isinstance(name_or_path, str):
+        name_or_path = str.__str__(name_or_path)  # a str subclass's own methods never run
+    elif not isinstance(name_or_path, Path):
+        raise TraceError("<trace>", None, f"a trace is a name or a path, got {type(name_or_path).__name__}")
+    check_read_options(str(name_or_path), strict, limit)
     path = resolve_trace(name_or_path)
     source = str(name_or_path)
     try:
         with _open_text(path) as handle:
             return parse_lines(_lines(handle), source=source, strict=strict, limit=limit)
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise TraceError(source, None, f"{source}: cannot read trace: {exc}") from exc
+    except (OSError, UnicodeDecodeError, EOFError, zlib.error) as exc:
+        raise TraceError(source, None, f"{source}: cannot read trace: {type(exc).__name__}: {exc}") from exc

@@ -16,6 +16,7 @@ from .cache import (
     SpecCache,
     check_block_id,
     check_config,
+    check_key,
     check_request_id,
     check_tokens,
 )
@@ -40,12 +41,15 @@ from .extras import (
     block_extra_fields,
     check_extras,
 )
-from .keys import HASH_ALGOS, HASH_FUNCTIONS, chain_keys, encode_block, encode_root, root_key
+from .keys import HASH_ALGOS, HASH_FUNCTIONS, chain_keys, encode_block, encode_root, hash_function, root_key
+from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, available_memory, check_memory
 
 __all__ = [
     "FREE_ORDERS",
     "HASH_ALGOS",
     "HASH_FUNCTIONS",
+    "MAX_BLOCK_SIZE",
+    "MAX_NUM_BLOCKS",
     "NO_EXTRAS",
     "Allocation",
     "AppendResult",
@@ -68,6 +72,7 @@ __all__ = [
     "Snapshot",
     "SpecCache",
     "UnknownRequest",
+    "available_memory",
     "block_extra_fields",
     "blocks_needed",
     "capacity",
@@ -75,10 +80,13 @@ __all__ = [
     "check_block_id",
     "check_config",
     "check_extras",
+    "check_key",
+    "check_memory",
     "check_request_id",
     "check_tokens",
     "encode_block",
     "encode_root",
+    "hash_function",
     "max_hit_blocks",
     "overlaps",
     "root_key",

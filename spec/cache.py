@@ -22,13 +22,19 @@ from .errors import (
     InvalidTokens,
     OutOfBlocks,
     UnknownRequest,
+    safe_repr,
 )
 from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields, check_extras
-from .keys import HASH_ALGOS, HASH_FUNCTIONS, SEEDED_BY_DEFAULT, chain_keys, root_key
+from .keys import HASH_ALGOS, SEEDED_BY_DEFAULT, chain_keys, hash_function, root_key
+from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, check_memory
 
 RequestId = str | int
 FREE_ORDERS: tuple[str, ...] = ("unhashed_to_head", "append_all")
 MAX_TOKEN = 2**32
+SPEC_BYTES_PER_BLOCK = 120
+"""Bytes an empty :class:`SpecCache` pool takes per block (a slotted ``Block``, its list entry and
+its free_block_queue entry: 104 measured with tracemalloc on CPython 3.11, rounded up), the
+estimate :meth:`SpecCache.create` checks against the memory available (``spec/limits.py``)."""
 
 # What a cached block remembers for verify_tokens: the whole prefix it stands for (its tokens and
 # every earlier token, and the extra fields of every block up to it).
@@ -40,13 +46,16 @@ class CacheConfig:
     """Everything fixed for the life of a cache.
 
     Attributes:
-        block_size: tokens per block ``B`` (>= 1).
-        num_blocks: physical blocks ``N`` (>= 1), ids ``0 .. N-1``, all usable.
+        block_size: tokens per block ``B``, an int in ``[1, MAX_BLOCK_SIZE]`` (2**20).
+        num_blocks: physical blocks ``N``, an int in ``[1, MAX_NUM_BLOCKS]`` (2**31 - 2), ids
+            ``0 .. N-1``, all usable; an engine also refuses a pool that does not fit in memory.
         hash_algo: ``"sha256"`` (default), ``"xxh3_128"`` or ``"weak8"`` (tests only).
-        hash_seed: 64-bit seed mixed into the root. ``None`` means: a secret random seed for
-            ``xxh3_128`` (non-cryptographic), no seed for the others.
+        hash_seed: 64-bit seed: mixed into the root, and XXH3's own seed on every ``xxh3_128``
+            digest (``spec/keys.py``). ``None`` means: a secret random seed for ``xxh3_128``
+            (non-cryptographic), no seed for the others.
         namespace: identity of everything constant for the cache that changes KV values (model,
             weights version, KV dtype, positional encoding); different namespaces never share.
+            A str that UTF-8 can encode (no lone surrogates).
         free_order: ``"unhashed_to_head"`` (default; vLLM after #42656: a freed block without a key
             goes to the head of the free_block_queue, keyed ones to the tail) or ``"append_all"``
             (older vLLM v1: every freed block to the tail).
@@ -66,26 +75,40 @@ class CacheConfig:
 
 
 def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    """Exactly an ``int``: not a ``bool``, not a subclass whose comparisons could lie."""
+    return type(x) is int
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if type(value) is not str or value not in choices:
+        raise InvalidConfig(f"unknown {name} {safe_repr(value)}; choose from {choices}")
 
 
 def check_config(config: CacheConfig) -> None:
-    """Raise :class:`InvalidConfig` unless every field of ``config`` is valid."""
+    """Raise :class:`InvalidConfig` unless every field of ``config`` is valid: exact ``int`` sizes
+    within the limits of ``spec/limits.py``, known names, a seed in ``[0, 2**64)``, a namespace UTF-8
+    can encode, ``bool`` flags. Allocates nothing (each engine checks memory in its ``create``)."""
     if not isinstance(config, CacheConfig):
         raise InvalidConfig(f"expected a CacheConfig, got {type(config).__name__}")
-    if not _is_int(config.block_size) or config.block_size < 1:
-        raise InvalidConfig(f"block_size must be an int >= 1, got {config.block_size!r}")
-    if not _is_int(config.num_blocks) or config.num_blocks < 1:
-        raise InvalidConfig(f"num_blocks must be an int >= 1, got {config.num_blocks!r}")
-    if config.hash_algo not in HASH_ALGOS:
-        raise InvalidConfig(f"unknown hash_algo {config.hash_algo!r}; choose from {HASH_ALGOS}")
+    if not _is_int(config.block_size) or not 1 <= config.block_size <= MAX_BLOCK_SIZE:
+        raise InvalidConfig(
+            f"block_size must be an int in [1, {MAX_BLOCK_SIZE}], got {safe_repr(config.block_size)}"
+        )
+    if not _is_int(config.num_blocks) or not 1 <= config.num_blocks <= MAX_NUM_BLOCKS:
+        raise InvalidConfig(
+            f"num_blocks must be an int in [1, {MAX_NUM_BLOCKS}], got {safe_repr(config.num_blocks)}"
+        )
+    _check_choice("hash_algo", config.hash_algo, HASH_ALGOS)
     seed = config.hash_seed
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**64):
-        raise InvalidConfig(f"hash_seed must be None or an int in [0, 2**64), got {seed!r}")
-    if not isinstance(config.namespace, str):
-        raise InvalidConfig("namespace must be a str")
-    if config.free_order not in FREE_ORDERS:
-        raise InvalidConfig(f"unknown free_order {config.free_order!r}; choose from {FREE_ORDERS}")
+        raise InvalidConfig(f"hash_seed must be None or an int in [0, 2**64), got {safe_repr(seed)}")
+    if type(config.namespace) is not str:
+        raise InvalidConfig(f"namespace must be a str, got {type(config.namespace).__name__}")
+    try:
+        config.namespace.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidConfig(f"namespace is not valid Unicode: {exc.reason} at index {exc.start}") from None
+    _check_choice("free_order", config.free_order, FREE_ORDERS)
     if not isinstance(config.dedup_on_full, bool) or not isinstance(config.verify_tokens, bool):
         raise InvalidConfig("dedup_on_full and verify_tokens must be bools")
 
@@ -97,36 +120,65 @@ def resolve_seed(config: CacheConfig) -> int | None:
     return config.hash_seed
 
 
+def _plain_int(x: object) -> int | None:
+    """``x`` as an exact ``int`` when it is an int (a subclass is copied through ``int``'s own slot,
+    so its overridden methods never run); ``None`` for anything else, ``bool`` included."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        return None
+    return int.__index__(x)
+
+
 def check_request_id(request_id: object) -> RequestId:
-    """``request_id`` itself; :class:`InvalidRequestId` unless it is a ``str`` or an ``int`` (not a
-    ``bool``: ``True`` is not request 1)."""
-    if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
-        return request_id
+    """``request_id`` as an exact ``str`` or ``int`` (a subclass's value, copied without calling its
+    methods); :class:`InvalidRequestId` unless it is a ``str`` or an ``int`` (not a ``bool``:
+    ``True`` is not request 1). Operations key requests by the returned value."""
+    if isinstance(request_id, str):
+        return str.__str__(request_id)
+    as_int = _plain_int(request_id)
+    if as_int is not None:
+        return as_int
     raise InvalidRequestId(f"request id must be a str or an int, got {type(request_id).__name__}")
 
 
 def check_block_id(block_id: object, num_blocks: int) -> int:
-    """``block_id`` itself; :class:`InvalidBlockId` unless it is an int in ``[0, num_blocks)``
-    (negative ids are not Python-style indexes from the end)."""
-    if isinstance(block_id, int) and not isinstance(block_id, bool) and 0 <= block_id < num_blocks:
-        return block_id
-    raise InvalidBlockId(f"block id {block_id!r} is not an int in [0, {num_blocks})")
+    """``block_id`` as an exact int; :class:`InvalidBlockId` unless it is an int in
+    ``[0, num_blocks)`` (negative ids are not Python-style indexes from the end)."""
+    as_int = _plain_int(block_id)
+    if as_int is not None and 0 <= as_int < num_blocks:
+        return as_int
+    raise InvalidBlockId(f"block id {safe_repr(block_id)} is not an int in [0, {num_blocks})")
 
 
 def check_tokens(tokens: object) -> list[int]:
-    """A copy of ``tokens`` as a list; :class:`InvalidTokens` unless it is a non-empty list or tuple
-    of ints in ``[0, 2**32)`` (``bool`` rejected)."""
-    if not isinstance(tokens, (list, tuple)):
+    """A copy of ``tokens`` as a list of exact ints; :class:`InvalidTokens` unless it is a non-empty
+    list or tuple of ints in ``[0, 2**32)`` (``bool`` rejected). A subclass of list, tuple or int is
+    read through the base type's own methods, so an override cannot change what is checked."""
+    if isinstance(tokens, list):
+        items = list(list.__iter__(tokens))
+    elif isinstance(tokens, tuple):
+        items = list(tuple.__iter__(tokens))
+    else:
         raise InvalidTokens(f"tokens must be a list or tuple of ints, got {type(tokens).__name__}")
-    if len(tokens) == 0:
+    if not items:
         raise InvalidTokens("tokens must not be empty")
-    for t in tokens:
-        if not _is_int(t) or not 0 <= t < MAX_TOKEN:
-            raise InvalidTokens(f"token ids must be ints in [0, 2**32), got {t!r}")
-    return list(tokens)
+    out: list[int] = []
+    for t in items:
+        as_int = _plain_int(t)
+        if as_int is None or not 0 <= as_int < MAX_TOKEN:
+            raise InvalidTokens(f"token ids must be ints in [0, 2**32), got {safe_repr(t)}")
+        out.append(as_int)
+    return out
 
 
-@dataclass
+def check_key(key: object) -> bytes | None:
+    """``key`` as exact ``bytes`` (the type every block key has), or ``None`` when it is not bytes:
+    such a value is the key of no block."""
+    if not isinstance(key, bytes):
+        return None
+    return bytes.__getitem__(key, slice(None))
+
+
+@dataclass(slots=True)
 class Block:
     """A physical block: its ref_cnt, its key (``block_hash``) once full, and its content for
     ``verify_tokens``."""
@@ -211,8 +263,13 @@ class SpecCache:
 
     @classmethod
     def create(cls, config: CacheConfig) -> SpecCache:
-        """A cache with every block free. Raises :class:`InvalidConfig`."""
+        """A cache with every block free.
+
+        Raises :class:`InvalidConfig` (:func:`check_config`, and a pool whose estimated
+        ``num_blocks * SPEC_BYTES_PER_BLOCK`` bytes exceed the memory available, before allocating).
+        """
         check_config(config)
+        check_memory(config.num_blocks, SPEC_BYTES_PER_BLOCK, "the spec cache")
         seed = resolve_seed(config)
         root = root_key(config.hash_algo, config.block_size, config.namespace, seed)
         return cls(
@@ -226,8 +283,19 @@ class SpecCache:
     # ----- keys and content -------------------------------------------------------------------
 
     def block_keys(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> list[bytes]:
-        """Keys of the full blocks of ``tokens`` under this cache's root (no validation)."""
-        hash_fn = HASH_FUNCTIONS[self.config.hash_algo]
+        """Keys of the full blocks of ``tokens`` under this cache's root. Changes nothing.
+
+        Raises :class:`InvalidTokens`, :class:`InvalidExtras`; no tokens have no keys.
+        """
+        if (type(tokens) is list or type(tokens) is tuple) and not tokens:
+            return []
+        token_list = check_tokens(tokens)
+        check_extras(extras, len(token_list))
+        return self._keys(token_list, extras)
+
+    def _keys(self, tokens: Sequence[int], extras: Extras) -> list[bytes]:
+        """:meth:`block_keys` of validated input."""
+        hash_fn = hash_function(self.config.hash_algo, self.hash_seed)
         return chain_keys(hash_fn, self.root, tokens, extras, self.config.block_size)
 
     def _content(self, tokens: Sequence[int], extras: Extras, block_index: int) -> BlockContent | None:
@@ -251,7 +319,7 @@ class SpecCache:
     def _hit_blocks(self, tokens: Sequence[int], extras: Extras) -> tuple[list[int], bool]:
         """The longest run of leading cached blocks, stopping at the first miss and capped so the
         last prompt token is recomputed; and whether the run ended on a verify_tokens mismatch."""
-        keys = self.block_keys(tokens, extras)
+        keys = self._keys(tokens, extras)
         cap = max_hit_blocks(len(tokens), self.config.block_size)
         hits: list[int] = []
         for i, key in enumerate(keys[:cap]):
@@ -280,7 +348,7 @@ class SpecCache:
 
     def _register_full_blocks(self, request: Request, first: int) -> None:
         """Register blocks ``first ..`` that are full, in table order."""
-        keys = self.block_keys(request.tokens, request.extras)
+        keys = self._keys(request.tokens, request.extras)
         for i in range(first, len(keys)):
             self._register(request, i, keys[i])
 
@@ -327,14 +395,17 @@ class SpecCache:
 
     # ----- checks shared by operations --------------------------------------------------------
 
-    def _check_new_id(self, request_id: object) -> None:
-        if check_request_id(request_id) in self.requests:
-            raise DuplicateRequest(f"request {request_id!r} is already live")
+    def _check_new_id(self, request_id: object) -> RequestId:
+        rid = check_request_id(request_id)
+        if rid in self.requests:
+            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
+        return rid
 
     def _check_live_id(self, request_id: object) -> Request:
-        request = self.requests.get(check_request_id(request_id))
+        rid = check_request_id(request_id)
+        request = self.requests.get(rid)
         if request is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
+            raise UnknownRequest(f"request {safe_repr(rid)} is not live")
         return request
 
     # ----- operations -------------------------------------------------------------------------
@@ -358,7 +429,7 @@ class SpecCache:
         Raises :class:`InvalidRequestId`, :class:`DuplicateRequest`, :class:`InvalidTokens`,
         :class:`InvalidExtras`, :class:`OutOfBlocks` (evictable hits count against capacity).
         """
-        self._check_new_id(request_id)
+        rid = self._check_new_id(request_id)
         token_list = check_tokens(tokens)
         check_extras(extras, len(token_list))
         hits, verify_miss = self._hit_blocks(token_list, extras)
@@ -374,7 +445,7 @@ class SpecCache:
             self._touch(b)
         fresh = [self._pop_free() for _ in range(need)]
         request = Request(token_list, extras, hits + fresh)
-        self.requests[request_id] = request
+        self.requests[rid] = request
         self._register_full_blocks(request, first=len(hits))
         return Allocation(len(hits) * self.config.block_size, tuple(request.block_table))
 
@@ -420,10 +491,10 @@ class SpecCache:
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child).
         """
         parent = self._check_live_id(parent_id)
-        self._check_new_id(child_id)
+        child = self._check_new_id(child_id)
         for b in parent.block_table:
             self.blocks[b].ref_cnt += 1
-        self.requests[child_id] = Request(list(parent.tokens), parent.extras, list(parent.block_table))
+        self.requests[child] = Request(list(parent.tokens), parent.extras, list(parent.block_table))
 
     def free(self, request_id: RequestId) -> None:
         """Release a request's blocks walking its block_table in reverse, so that a chain's tail is
@@ -432,7 +503,7 @@ class SpecCache:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`.
         """
         request = self._check_live_id(request_id)
-        del self.requests[request_id]
+        del self.requests[check_request_id(request_id)]
         for b in reversed(request.block_table):
             self._release(b)
 
@@ -476,8 +547,9 @@ class SpecCache:
         return tuple(self.free_block_queue)
 
     def cached_blocks(self, key: bytes) -> tuple[int, ...]:
-        """Blocks holding ``key``, in insertion order."""
-        return tuple(self.cached.get(key, []))
+        """Blocks holding ``key``, in insertion order (none for a value that is not ``bytes``)."""
+        plain = check_key(key)
+        return () if plain is None else tuple(self.cached.get(plain, []))
 
     def request_ids(self) -> tuple[RequestId, ...]:
         """Live request ids, ints first, each kind sorted."""

@@ -7,13 +7,29 @@ extras, capacity (``fork`` checks the parent before the child).
 
 from __future__ import annotations
 
+REPR_LIMIT = 80
+
+
+def safe_repr(value: object, limit: int = REPR_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters; never raises (an int too
+    long for ``repr``, or an object whose ``__repr__`` raises, is shown by its type)."""
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__, or an int over the str conversion limit
+        return f"<{type(value).__name__}>"
+    if len(text) > limit:
+        return text[: limit - 3] + "..."
+    return text
+
 
 class PrefixCacheError(Exception):
     """Base class of every error the prefix cache raises on bad input or lack of capacity."""
 
 
 class InvalidConfig(PrefixCacheError, ValueError):
-    """block_size or num_blocks < 1, an unknown policy or hash name, or a malformed seed."""
+    """block_size or num_blocks < 1 or above the documented limits (``spec/limits.py``, including a
+    pool too large for the memory available), an unknown policy or hash name, a malformed seed, or a
+    namespace that is not valid Unicode."""
 
 
 class InvalidRequestId(PrefixCacheError, TypeError):
@@ -93,4 +109,5 @@ __all__ = [
     "OutOfBlocks",
     "PrefixCacheError",
     "UnknownRequest",
+    "safe_repr",
 ]

@@ -19,7 +19,7 @@ import hashlib
 from dataclasses import dataclass
 
 from .arith import overlaps
-from .errors import InvalidExtras
+from .errors import InvalidExtras, safe_repr
 
 MAX_U64 = 2**64
 
@@ -87,47 +87,64 @@ class ExtraField:
 
 
 def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    """Exactly an ``int`` (not a ``bool``, not a subclass whose methods could change its bytes)."""
+    return type(x) is int
+
+
+def _check_text(value: object, what: str, *, allow_empty: bool = False) -> None:
+    """``value`` must be exactly a ``str`` that UTF-8 can encode (no lone surrogates)."""
+    if type(value) is not str:
+        raise InvalidExtras(f"{what} must be a str, got {type(value).__name__}")
+    if not allow_empty and value == "":
+        raise InvalidExtras(f"{what} must be a non-empty str")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidExtras(
+            f"{what} is not valid Unicode: {exc.reason} at index {exc.start} (UTF-8 cannot encode it)"
+        ) from None
 
 
 def _check_lora(lora: object) -> None:
-    if not isinstance(lora, LoRA):
+    if type(lora) is not LoRA:
         raise InvalidExtras(f"lora must be a LoRA or None, got {type(lora).__name__}")
-    if not isinstance(lora.name, str) or lora.name == "":
-        raise InvalidExtras("lora.name must be a non-empty str")
+    _check_text(lora.name, "lora.name")
     if not _is_int(lora.lora_id) or not 0 <= lora.lora_id < MAX_U64:
-        raise InvalidExtras(f"lora.lora_id must be an int in [0, 2**64), got {lora.lora_id!r}")
+        raise InvalidExtras(f"lora.lora_id must be an int in [0, 2**64), got {safe_repr(lora.lora_id)}")
+
+
+def _check_mm_item(item: object, num_tokens: int) -> None:
+    if type(item) is not MultiModalItem:
+        raise InvalidExtras(f"mm_items holds a {type(item).__name__}, not a MultiModalItem")
+    _check_text(item.identifier, "a multimodal identifier")
+    if not _is_int(item.start) or not _is_int(item.length):
+        raise InvalidExtras("a multimodal start and length must be ints")
+    if item.length < 1:
+        raise InvalidExtras(f"multimodal item {safe_repr(item.identifier)} is empty")
+    if item.start < 0 or item.start + item.length > num_tokens:
+        raise InvalidExtras(
+            f"multimodal item {safe_repr(item.identifier)} [{safe_repr(item.start)}, "
+            f"{safe_repr(item.start + item.length)}) reaches outside the prompt of {num_tokens} tokens"
+        )
 
 
 def _check_mm_items(items: object, num_tokens: int) -> None:
-    if not isinstance(items, tuple):
+    if type(items) is not tuple:
         raise InvalidExtras("mm_items must be a tuple of MultiModalItem")
     for item in items:
-        if not isinstance(item, MultiModalItem):
-            raise InvalidExtras(f"mm_items holds a {type(item).__name__}, not a MultiModalItem")
-        if not isinstance(item.identifier, str) or item.identifier == "":
-            raise InvalidExtras("a multimodal identifier must be a non-empty str")
-        if not _is_int(item.start) or not _is_int(item.length):
-            raise InvalidExtras("a multimodal start and length must be ints")
-        if item.length < 1:
-            raise InvalidExtras(f"multimodal item {item.identifier!r} is empty")
-        if item.start < 0 or item.start + item.length > num_tokens:
-            raise InvalidExtras(
-                f"multimodal item {item.identifier!r} [{item.start}, {item.start + item.length}) "
-                f"reaches outside the prompt of {num_tokens} tokens"
-            )
+        _check_mm_item(item, num_tokens)
     ordered = canonical_mm_items(items)
     for before, after in zip(ordered, ordered[1:]):
         if before.start + before.length > after.start:
             raise InvalidExtras(
-                f"multimodal items {before.identifier!r} and {after.identifier!r} overlap"
+                f"multimodal items {safe_repr(before.identifier)} and {safe_repr(after.identifier)} overlap"
             )
 
 
 def _check_prompt_embeds(embeds: object, num_tokens: int) -> None:
-    if not isinstance(embeds, PromptEmbeds):
+    if type(embeds) is not PromptEmbeds:
         raise InvalidExtras("prompt_embeds must be a PromptEmbeds or None")
-    if not isinstance(embeds.positions, tuple) or not isinstance(embeds.data, tuple):
+    if type(embeds.positions) is not tuple or type(embeds.data) is not tuple:
         raise InvalidExtras("prompt_embeds.positions and .data must be tuples")
     if len(embeds.positions) != len(embeds.data) or not embeds.positions:
         raise InvalidExtras("prompt_embeds needs one data entry per position, at least one")
@@ -137,7 +154,7 @@ def _check_prompt_embeds(embeds: object, num_tokens: int) -> None:
             raise InvalidExtras(
                 "prompt_embeds.positions must be strictly increasing ints inside the prompt"
             )
-        if not isinstance(data, bytes) or data == b"":
+        if type(data) is not bytes or data == b"":
             raise InvalidExtras("each prompt_embeds.data entry must be non-empty bytes")
         previous = pos
 
@@ -147,15 +164,19 @@ def check_extras(extras: object, num_tokens: int) -> None:
 
     Multimodal items must be non-empty, lie inside the prompt and not overlap each other; embedded
     positions must be strictly increasing and inside the prompt; a LoRA needs a non-empty name and
-    an id in ``[0, 2**64)``; the salt must be a str.
+    an id in ``[0, 2**64)``; the salt must be a str. Every string (LoRA name, multimodal identifier,
+    salt) must be encodable as UTF-8 — a lone surrogate such as ``"\\ud800"`` is rejected here, so
+    that no later operation (an ``append`` that fills a block) can fail while encoding a key.
+    Values must be exactly the documented types (``Extras``, ``LoRA``, ``MultiModalItem``,
+    ``PromptEmbeds``, ``str``, ``int``, ``bytes``, ``tuple``): a subclass could change the bytes of
+    a key between this check and its use, so it is rejected too (SEMANTICS.md section 4).
     """
     assert num_tokens >= 1
-    if not isinstance(extras, Extras):
+    if type(extras) is not Extras:
         raise InvalidExtras(f"extras must be an Extras, got {type(extras).__name__}")
     if extras.lora is not None:
         _check_lora(extras.lora)
-    if not isinstance(extras.cache_salt, str):
-        raise InvalidExtras("cache_salt must be a str ('' means no salt)")
+    _check_text(extras.cache_salt, "cache_salt ('' means no salt)", allow_empty=True)
     _check_mm_items(extras.mm_items, num_tokens)
     if extras.prompt_embeds is not None:
         _check_prompt_embeds(extras.prompt_embeds, num_tokens)
@@ -246,11 +267,23 @@ def extras_to_json(extras: Extras) -> dict[str, object]:
 
 
 def extras_from_json(obj: dict[str, object]) -> Extras:
-    """The inverse of :func:`extras_to_json`; missing fields take their defaults."""
+    """The inverse of :func:`extras_to_json`; missing fields take their defaults.
+
+    Raises :class:`InvalidExtras` for a document of the wrong shape (the values are checked later,
+    by :func:`check_extras`, when the extras are used).
+    """
+    try:
+        return _extras_from_json(obj)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidExtras(f"malformed extras in JSON: {type(exc).__name__}: {exc}") from None
+
+
+def _extras_from_json(obj: dict[str, object]) -> Extras:
     lora = obj.get("lora")
     mm = obj.get("mm_items") or []
     embeds = obj.get("prompt_embeds")
-    assert isinstance(mm, list)
+    if not isinstance(mm, list):
+        raise TypeError(f"mm_items must be a list, got {type(mm).__name__}")
     return Extras(
         lora=None if not isinstance(lora, dict) else LoRA(lora["name"], lora["id"]),
         cache_salt=str(obj.get("cache_salt", "")),

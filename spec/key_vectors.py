@@ -23,10 +23,10 @@ from .extras import (
     extras_from_json,
     extras_to_json,
 )
-from .keys import HASH_FUNCTIONS, chain_keys, encode_block, encode_root
+from .keys import chain_keys, encode_block, encode_root, hash_function
 
 SCHEMA_VERSION = 1
-SPEC_VERSION = "1.0"
+SPEC_VERSION = "2.0"  # 2.0: xxh3_128 digests take the seed as XXH3's own seed (spec/keys.py)
 PATH = Path(__file__).with_name("key_vectors.json")
 
 
@@ -78,6 +78,8 @@ CASES: tuple[KeyCase, ...] = (
     KeyCase("xxh3_128, block_size 16, mm", tuple(range(48)), block_size=16, hash_algo="xxh3_128",
             seed=7, extras=Extras(mm_items=(MultiModalItem("img", 10, 20),))),
     KeyCase("xxh3_128 with namespace", T12, hash_algo="xxh3_128", seed=99, namespace="m@v2"),
+    KeyCase("xxh3_128, block_size 64: preimages over 240 bytes take XXH3's long path (seeded secret)",
+            tuple(range(100, 228)), block_size=64, hash_algo="xxh3_128", seed=2024),
     KeyCase("weak8 (test-only)", T12, hash_algo="weak8"),
     KeyCase("block_size 2, all extras", tuple(range(6)), block_size=2, extras=Extras(
         lora=LoRA("l", 1), cache_salt="t", mm_items=(MultiModalItem("i", 1, 2),))),
@@ -86,7 +88,7 @@ CASES: tuple[KeyCase, ...] = (
 
 def case_to_json(case: KeyCase) -> dict[str, object]:
     """The case with its expected root, keys and the preimage of block 0 (for debugging)."""
-    hash_fn = HASH_FUNCTIONS[case.hash_algo]
+    hash_fn = hash_function(case.hash_algo, case.seed)
     root_preimage = encode_root(case.hash_algo, case.block_size, case.namespace, case.seed)
     root = hash_fn(root_preimage)
     keys = chain_keys(hash_fn, root, case.tokens, case.extras, case.block_size)

@@ -13,24 +13,35 @@ reproduce the key vectors shipped in ``key_vectors.json``)::
     block_preimage = b"PPBK" ‖ bytes_(parent) ‖ u32(len(tokens)) ‖ u32(t) for each token
                      ‖ u32(len(fields)) ‖ field(tag, payload) for each extra field, canonical order
 
-    root   = H(root_preimage)
-    key[0] = H(block_preimage(parent=root,     tokens[0:B],    fields[0]))
-    key[i] = H(block_preimage(parent=key[i-1], tokens[iB:iB+B], fields[i]))
+    root   = H_seed(root_preimage)
+    key[0] = H_seed(block_preimage(parent=root,     tokens[0:B],    fields[0]))
+    key[i] = H_seed(block_preimage(parent=key[i-1], tokens[iB:iB+B], fields[i]))
 
-Hash algorithms ``H``:
+Hash algorithms ``H_seed`` (``seed`` is the cache's 64-bit seed, ``None`` when it has none):
 
-- ``sha256``: the 32-byte SHA-256 digest. Collision-resistant, so a fixed root is safe. Default.
-- ``xxh3_128``: the 16-byte XXH3-128 digest (xxHash's canonical big-endian byte order, seed 0).
-  Not cryptographic: the root must mix in a secret random 64-bit seed, chosen at random when the
-  caller does not pin one, so that nobody can craft colliding prompts.
+- ``sha256``: the 32-byte SHA-256 digest; the seed enters only through the root preimage.
+  Collision-resistant, so a fixed root is safe. Default.
+- ``xxh3_128``: the 16-byte XXH3-128 digest (xxHash's canonical big-endian byte order) computed
+  *with the seed as XXH3's own seed* (``XXH3_128bits_withSeed(data, seed)``; 0 when there is no
+  seed) on the root and on every block. Not cryptographic. The seed must be XXH3's own seed, not only
+  bytes of the root (SEMANTICS.md section 2): on inputs over 240 bytes XXH3 mixes each 8-byte lane
+  with its *secret*, and with the public default secret (seed 0) a lane whose low 32 bits equal the
+  secret's contributes a product of zero, so two blocks can be made to collide by choosing a few
+  token ids, whatever the root (``tests/test_xxh3_collision.py`` builds such a pair at block_size
+  54, 64, 128 and 256). A seed derives a secret the attacker does not know. The cache chooses a
+  secret random seed when the caller does not pin one; a pinned seed protects only while it stays
+  secret (spec version 2.0 of the key vectors; 1.0 used seed 0 for every xxh3_128 digest).
 - ``weak8``: the first byte of SHA-256 — deliberately collision-prone, for tests of collision
-  handling (``verify_tokens``) only.
+  handling (``verify_tokens``) only; the seed enters only through the root preimage.
+
+Limits (``spec/limits.py``): ``block_size`` in ``[1, MAX_BLOCK_SIZE]``, so every length fits a ``u32``.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import xxhash
 
@@ -55,6 +66,17 @@ def _weak8(data: bytes) -> bytes:
 
 
 HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": _sha256, "xxh3_128": _xxh3_128, "weak8": _weak8}
+"""The hash functions without a seed (``xxh3_128`` with XXH3's seed 0). A cache's keys use
+:func:`hash_function` with its seed instead; these serve the unseeded algorithms and tests."""
+
+
+def hash_function(hash_algo: str, seed: int | None) -> HashFn:
+    """``H_seed`` of the module docstring: ``xxh3_128`` with ``seed`` as XXH3's own seed (0 for
+    ``None``); ``sha256`` and ``weak8`` ignore the seed (it is in the root preimage)."""
+    if hash_algo == "xxh3_128":
+        assert seed is None or 0 <= seed < 2**64
+        return partial(xxhash.xxh3_128_digest, seed=0 if seed is None else seed)
+    return HASH_FUNCTIONS[hash_algo]
 
 
 def u32(x: int) -> bytes:
@@ -103,7 +125,7 @@ def root_key(hash_algo: str, block_size: int, namespace: str, seed: int | None) 
     weights version, KV dtype, positional encoding config); ``block_size`` and the algorithm are
     always mixed in. Changing weights without a new namespace (or a reset) would serve stale KV.
     """
-    return HASH_FUNCTIONS[hash_algo](encode_root(hash_algo, block_size, namespace, seed))
+    return hash_function(hash_algo, seed)(encode_root(hash_algo, block_size, namespace, seed))
 
 
 def chain_keys(

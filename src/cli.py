@@ -1,25 +1,84 @@
 """The ``pagedprefix`` command line: ``conform``, ``replay`` and more, one typer app.
 
-Each subcommand lives beside the code it drives and registers itself here. A usage error (an
-unknown option, a value of the wrong type) is one line on stderr and exit status 2, as every
-other user error of every command is.
+Each subcommand lives beside the code it drives and registers itself here.
+
+User errors end in one line on stderr and exit code 2, never a traceback or a usage panel:
+click's own usage errors (an unknown option, a value out of range, a missing option) are printed by
+:class:`OneLineErrors` as ``pagedprefix CMD: error: MESSAGE``; the commands report their own
+checks (unreadable files, missing output directories, missing optional dependencies) the same way,
+before any work starts.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import typer
+from typer.core import TyperGroup
+
+try:  # newer typer carries its own copy of click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from pagedprefix.conformance.suite import CheckGroup
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(str(text).split())
+
+
+class OneLineErrors(TyperGroup):
+    """The app's click group: runs a command with click's standalone handling of usage errors
+    replaced by one plain line on stderr (no rich panel, so no markup is dropped from it), keeping
+    click's exit codes (2 for usage errors, 1 for an abort, 130 for an interrupt)."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+                typer.echo(ctx.get_help())  # a bare command: its help, not an error
+                sys.exit(0)
+            typer.echo(f"{self._where(exc, args)}: error: {one_line(exc.format_message())}", err=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("pagedprefix: aborted", err=True)
+            sys.exit(1)
+        # Without standalone mode click returns an Exit's code instead of exiting.
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
+
+    def _where(self, exc: ClickException, args: Sequence[str] | None) -> str:
+        """``pagedprefix`` or ``pagedprefix COMMAND``: the command the error belongs to."""
+        ctx = exc.ctx if isinstance(exc, UsageError) else None
+        if ctx is not None and ctx.parent is not None:
+            return ctx.command_path
+        given = list(sys.argv[1:] if args is None else args)
+        if given and given[0] in self.commands:
+            return f"pagedprefix {given[0]}"
+        return "pagedprefix"
+
 
 app = typer.Typer(
     name="pagedprefix",
     help="Prefix sharing over a paged KV cache: conformance, replay and demos.",
     no_args_is_help=True,
     add_completion=False,
+    cls=OneLineErrors,
 )
 
 
@@ -34,6 +93,7 @@ _registered: list[bool] = []
 
 
 def _register() -> None:
+    """Add every subcommand to :data:`app` (once; later calls do nothing)."""
     if _registered:
         return
     _registered.append(True)
@@ -47,32 +107,7 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``pagedprefix`` console script: exits with the command's status."""
+    """Entry point of the ``pagedprefix`` console script (``argv``: the arguments, default
+    ``sys.argv[1:]``); exits with the command's status."""
     _register()
-    command = typer.main.get_command(app)
-    try:
-        status = command.main(args=argv, prog_name="pagedprefix", standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        print("pagedprefix: aborted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as exc:
-        if not _usage_error(exc):
-            raise
-    sys.exit(status if isinstance(status, int) else 0)
-
-
-def _usage_error(exc: Exception) -> bool:
-    """Print a command-line usage error (click's, whichever click typer uses) as one line on
-    stderr and exit 2; the bare command prints its help. ``False``: not a usage error."""
-    ctx = getattr(exc, "ctx", None)
-    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
-        print(ctx.get_help())
-        sys.exit(0)
-    code, message = getattr(exc, "exit_code", None), getattr(exc, "format_message", None)
-    if not isinstance(code, int) or not callable(message):
-        return False
-    name = getattr(ctx, "command_path", "pagedprefix") if ctx is not None else "pagedprefix"
-    print(f"{name}: error: {' '.join(str(message()).split())}", file=sys.stderr)
-    sys.exit(code)
+    app(args=argv, prog_name="pagedprefix")

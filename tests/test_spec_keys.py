@@ -19,11 +19,13 @@ def load() -> dict[str, Any]:
     return doc
 
 
-def H(algo: str, data: bytes) -> bytes:
+def H(algo: str, data: bytes, seed: int | None) -> bytes:
+    """The documented ``H_seed``: XXH3 takes the cache's seed as its own seed (0 without one);
+    sha256 and weak8 have the seed only in the root preimage."""
     if algo == "sha256":
         return hashlib.sha256(data).digest()
     if algo == "xxh3_128":
-        return xxhash.xxh3_128(data).digest()
+        return xxhash.xxh3_128(data, seed=seed or 0).digest()
     assert algo == "weak8"
     return hashlib.sha256(data).digest()[:1]
 
@@ -58,7 +60,7 @@ def independent_keys(case: dict[str, Any]) -> tuple[bytes, list[bytes]]:
     algo, size = case["hash_algo"], case["block_size"]
     seed = b"\x00" if case["seed"] is None else b"\x01" + struct.pack("<Q", case["seed"])
     namespace = lp(case["namespace"].encode())
-    root = H(algo, b"PPRT" + lp(algo.encode()) + struct.pack("<I", size) + namespace + seed)
+    root = H(algo, b"PPRT" + lp(algo.encode()) + struct.pack("<I", size) + namespace + seed, case["seed"])
     parent, keys = root, []
     tokens = case["tokens"]
     for i in range(len(tokens) // size):
@@ -66,7 +68,7 @@ def independent_keys(case: dict[str, Any]) -> tuple[bytes, list[bytes]]:
         fields = fields_of(case, i)
         data = b"PPBK" + lp(parent) + struct.pack(f"<I{len(block)}I", len(block), *block)
         data += struct.pack("<I", len(fields)) + b"".join(bytes([t]) + lp(p) for t, p in fields)
-        parent = H(algo, data)
+        parent = H(algo, data, case["seed"])
         keys.append(parent)
     return root, keys
 
