@@ -41,7 +41,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,14 +220,24 @@ def _check_expect(op: str, exp: Json, blocks: Json, where: str) -> None:
         _need(result is None, f"{where}.result must be null when error is set")
         return
     _need(isinstance(result, dict), f"{where}.result must be an object")
-    kinds = {
-        "int": _int,
-        "ints": _ints,
-        "bool": lambda v: isinstance(v, bool),
-        "pairs": lambda v: isinstance(v, list) and all(_ints(p) and len(p) == 2 for p in v),
-    }
     for name, kind in RESULT_FIELDS[op].items():
-        _need(kinds[kind](result.get(name)), f"{where}.result.{name} must be {kind}")
+        _need(_RESULT_KINDS[kind](result.get(name)), f"{where}.result.{name} must be {kind}")
+
+
+def _bool(value: Json) -> bool:
+    return isinstance(value, bool)
+
+
+def _pairs(value: Json) -> bool:
+    return isinstance(value, list) and all(_ints(p) and len(p) == 2 for p in value)
+
+
+_RESULT_KINDS: dict[str, Callable[[Json], bool]] = {
+    "int": _int,
+    "ints": _ints,
+    "bool": _bool,
+    "pairs": _pairs,
+}
 
 
 def load_dir(directory: Path) -> list[VectorFile]:
