@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ._validation import NO_BLOCK
 from .plan import cdiv
 
 __all__ = ["PagedBatch", "PagedLayout", "build_paged_batch", "make_layout"]
 
-UNUSED_BLOCK = -1
+UNUSED_BLOCK = NO_BLOCK
 
 
 @dataclass(frozen=True)
