@@ -785,6 +785,89 @@ def test_gpu_check_counts_shared_blocks_once() -> None:
     assert logical_shared - unique_shared == 3 * 8 * BLOCK_SIZE * token_bytes
 
 
+def test_gpu_check_counts_only_the_window() -> None:
+    from pagedprefix.kernels.gpu_check import BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS, _bytes
+
+    seq_lens = [8 * BLOCK_SIZE + 5] * 2  # 133 tokens: the decode query at 132
+    layout = make_layout(seq_lens, BLOCK_SIZE)
+    token_bytes = NUM_KV_HEADS * HEAD_DIM * 2 * 2
+    io = 2 * 2 * NUM_Q_HEADS * HEAD_DIM * 2
+    # Window 20: keys 113 .. 132, in blocks 7 and 8 (two table entries per request).
+    unique, logical = _bytes(layout, seq_lens, 2, {"sliding_window": 20})
+    assert unique == logical == 2 * 20 * token_bytes + io + 4 * (2 * 2 + 2 + 3)
+    # Chunks of 64: keys 128 .. 132, in block 8 only.
+    unique, _ = _bytes(layout, seq_lens, 2, {"attention_chunk_size": 64})
+    assert unique == 2 * 5 * token_bytes + io + 4 * (2 * 1 + 2 + 3)
+    assert _bytes(layout, seq_lens, 2, {"sliding_window": 10**6}) == _bytes(layout, seq_lens, 2)
+
+
+def test_gpu_check_windowed_decode_inputs_release_only_unread_entries() -> None:
+    from pagedprefix.kernels.gpu_check import BLOCK_SIZE, HEAD_DIM, _decode_inputs
+
+    seq_lens = [300, 1000, 40]
+    layout = make_layout(seq_lens, BLOCK_SIZE, generator=torch.Generator().manual_seed(2))
+    window = {"sliding_window": 128}
+    released = _decode_inputs(layout, seq_lens, torch.device("cpu"), torch.float32, 1, window)
+    full = _decode_inputs(layout, seq_lens, torch.device("cpu"), torch.float32, 1)
+    table = released[3]
+    # Queries at 299, 999, 39 see from 172, 872, 0: entries before blocks 10, 54 and 0 are released.
+    changed = table != full[3]
+    assert [int(row.sum()) for row in changed] == [10, 54, 0]
+    assert bool((table[changed] == kernels.NO_BLOCK).all())
+    assert not bool(changed[0, 10:].any()) and not bool(changed[1, 54:].any())
+    scale = HEAD_DIM**-0.5
+    got = reference.paged_attention(*released, scale, **window)
+    torch.testing.assert_close(got, reference.paged_attention(*full, scale, **window))
+
+
+@needs_triton
+def test_gpu_check_windowed_correctness_cases_run_on_cpu() -> None:
+    """The GPU script's windowed correctness check, on small cases through the interpreted kernels:
+    every comparison passes, and a kernel that ignores the window fails them."""
+    from pagedprefix.kernels.gpu_check import ATTENTION_CHECKS, AttentionCheck, check_attention
+
+    assert tk is not None
+    windowed = [c for c in ATTENTION_CHECKS if c.window_kwargs]
+    assert {k for c in windowed for k in c.window_kwargs} == {"sliding_window", "attention_chunk_size"}
+    small = [
+        AttentionCheck("decode, sliding", (90, 95, 30), (1, 1, 1), 4, 2, 16, 16, (0, 0, None), 4,
+                       sliding_window=20),
+        AttentionCheck("prefill, chunks", (120, 50), (70, 50), 4, 1, 16, 8, num_splits=2,
+                       attention_chunk_size=24),
+    ]
+    device = torch.device("cpu")
+    for case in small:
+        results = check_attention(case, torch.float32, device, tk, seed=1)
+        assert len(results) == 2 and all(r.ok for r in results), results
+
+    class IgnoresTheWindow:
+        @staticmethod
+        def paged_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+            kwargs.pop("sliding_window", None)
+            table = args[3].clone()
+            table[table < 0] = 0  # reads whatever block 0 holds
+            return reference.paged_attention(*args[:3], table, *args[4:], **kwargs)
+
+    results = check_attention(small[0], torch.float32, device, IgnoresTheWindow, seed=1)
+    assert [r.ok for r in results] == [False, False]
+
+
+@needs_triton
+def test_gpu_check_windowed_benchmark_check_runs_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark configurations' own correctness check, shrunk to CPU size, through the interpreter."""
+    from pagedprefix.kernels import gpu_check
+
+    assert tk is not None
+    small = (
+        ("sliding 16", {"sliding_window": 16}, 3, 300),
+        ("chunked 64", {"attention_chunk_size": 64}, 2, 200),
+    )
+    monkeypatch.setattr(gpu_check, "WINDOWED_DECODE", small)
+    results = gpu_check.check_windowed_benchmark_output(torch.device("cpu"), tk)
+    assert [r.ok for r in results] == [True, True], results
+    assert results[0].name == "attention decode sliding 16 b3 ctx300 (benchmark config) vs reference"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit path")
 def test_gpu_check_without_cuda_exits_2(tmp_path: Any) -> None:
     from pagedprefix.kernels.gpu_check import main
