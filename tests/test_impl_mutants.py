@@ -84,8 +84,8 @@ class AllFreedToTail(BlockManager):
 class DedupIgnored(BlockManager):
     """dedup_on_full=True is ignored: a block that fills up with a cached key stays a duplicate."""
 
-    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes) -> None:
-        super().__init__(config, hash_seed, root)
+    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes, events: bool = False) -> None:
+        super().__init__(config, hash_seed, root, events)
         self._dedup = False
 
 
