@@ -4,14 +4,20 @@
 :data:`~pagedprefix.conformance.protocol.AdapterFactory` values: ``factory(config) -> adapter``.
 Both engines have exactly the spec's API, so one delegating class serves both; they follow the
 policy the config names, reproduce the spec's keys and promise its physical ids (profile ``exact``).
+Both factories also record KV-cache events (capability ``events``: ``create(config, events=True)``),
+numbered in batches by the adapter, one batch per operation that emitted any, as vLLM's publisher
+numbers its scheduler's batches; the suite takes them after every operation. A long replay through
+these factories keeps the events it never takes: replay ``impl`` (``BlockManager.create``) instead.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId, SpecCache
+from pagedprefix.spec.events import Event, EventBatch, GroupKey
 
 from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter
 
@@ -32,8 +38,9 @@ class SpecShaped(Protocol):
     def block_hash(self, block_id: int) -> bytes | None: ...
 
 
-def spec_capabilities(config: CacheConfig) -> Capabilities:
-    """What an engine with the spec's API and semantics declares under ``config``."""
+def spec_capabilities(config: CacheConfig, events: bool = False) -> Capabilities:
+    """What an engine with the spec's API and semantics declares under ``config`` (``events``: it
+    records the spec's KV-cache events, ``take_events`` and ``cached_keys``)."""
     return Capabilities(
         keys=True,
         free_order=config.free_order,
@@ -41,6 +48,7 @@ def spec_capabilities(config: CacheConfig) -> Capabilities:
         exact_ids=True,
         weak_hash=True,
         verify_tokens=True,
+        events=events,
     )
 
 
@@ -50,6 +58,7 @@ class SpecShapedAdapter:
     def __init__(self, cache: SpecShaped, capabilities: Capabilities) -> None:
         self.cache = cache
         self.capabilities = capabilities
+        self.next_seq = 0
 
     def allocate(
         self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
@@ -89,14 +98,28 @@ class SpecShapedAdapter:
     def step(self) -> None:
         return None
 
+    def take_events(self) -> list[EventBatch]:
+        """The engine's events since the last call as one batch numbered 0, 1, … (none if empty)."""
+        events: list[Event] = self.cache.take_events()  # type: ignore[attr-defined]
+        if not events:
+            return []
+        batch = EventBatch(self.next_seq, tuple(events))
+        self.next_seq += 1
+        return [batch]
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        keys: Counter[GroupKey] = self.cache.cached_keys()  # type: ignore[attr-defined]
+        return keys
+
 
 class SpecAdapter(SpecShapedAdapter):
-    """The executable spec as an adapter; ``num_evictions`` is exposed for the runner's model."""
+    """The executable spec as an adapter; ``num_evictions`` is exposed for the runner's model.
+    ``events``: record and declare KV-cache events (the runner's own model does not)."""
 
     cache: SpecCache
 
-    def __init__(self, config: CacheConfig) -> None:
-        super().__init__(SpecCache.create(config), spec_capabilities(config))
+    def __init__(self, config: CacheConfig, events: bool = False) -> None:
+        super().__init__(SpecCache.create(config, events=events), spec_capabilities(config, events))
 
     @property
     def num_evictions(self) -> int:
@@ -104,8 +127,8 @@ class SpecAdapter(SpecShapedAdapter):
 
 
 def spec(config: CacheConfig) -> PrefixCacheAdapter:
-    """Factory of the spec adapter (``pagedprefix.conformance.adapters:spec``)."""
-    return SpecAdapter(config)
+    """Factory of the spec adapter (``pagedprefix.conformance.adapters:spec``), events on."""
+    return SpecAdapter(config, events=True)
 
 
 def impl_block_manager() -> Any:
@@ -130,9 +153,9 @@ def impl_available() -> bool:
 
 
 def impl(config: CacheConfig) -> PrefixCacheAdapter:
-    """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``)."""
+    """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``), events on."""
     manager = impl_block_manager()
-    return SpecShapedAdapter(manager.create(config), spec_capabilities(config))
+    return SpecShapedAdapter(manager.create(config, events=True), spec_capabilities(config, events=True))
 
 
 RADIX_CAPABILITIES = Capabilities(

@@ -133,7 +133,14 @@ class EngineRun:
         if adapter is None:
             adapter = build_adapter(factory, config)
         caps = adapter_capabilities(adapter)
-        judge = Judge(config, effective_level(profile, caps, config), disabled, caps.publish_decode)
+        judge = Judge(
+            config,
+            effective_level(profile, caps, config),
+            disabled,
+            caps.publish_decode,
+            events=caps.events,
+            publishes_at_operation=caps.publish == "allocation" and caps.publish_decode == "append",
+        )
         run = cls(adapter, config, judge)
         with run.routed():
             obs = run.observe([], False)
@@ -198,14 +205,15 @@ def build_adapter(factory: AdapterFactory, config: CacheConfig) -> PrefixCacheAd
 
 
 ADAPTER_METHODS = ("allocate", "append", "free", "block_table", "num_free_blocks", "step")
-DECLARED_METHODS = {
-    "lookup": "lookup",
-    "fork": "fork",
-    "reset": "reset_prefix_cache",
-    "ref_cnt": "ref_cnt",
-    "free_queue": "free_blocks",
-    "keys": "block_hash",
-    "spells_extras": "spell_extras",
+DECLARED_METHODS: dict[str, tuple[str, ...]] = {
+    "lookup": ("lookup",),
+    "fork": ("fork",),
+    "reset": ("reset_prefix_cache",),
+    "ref_cnt": ("ref_cnt",),
+    "free_queue": ("free_blocks",),
+    "keys": ("block_hash",),
+    "spells_extras": ("spell_extras",),
+    "events": ("take_events", "cached_keys"),
 }
 
 
@@ -225,7 +233,8 @@ def adapter_capabilities(adapter: object) -> Capabilities:
         raise Violation("engine-errors", f"the adapter's capabilities are malformed: {exc}") from None
     undone = [
         m
-        for cap, m in DECLARED_METHODS.items()
+        for cap, methods in DECLARED_METHODS.items()
+        for m in methods
         if getattr(caps, cap) and not callable(getattr(adapter, m, None))
     ]
     if undone:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, RequestId
+from pagedprefix.spec.events import EventBatch, GroupKey
 
 ExtraKind = Literal["lora", "cache_salt", "mm", "prompt_embeds"]
 ALL_EXTRA_KINDS: frozenset[ExtraKind] = frozenset({"lora", "cache_salt", "mm", "prompt_embeds"})
@@ -113,6 +114,12 @@ class Capabilities:
         spells_extras: the adapter has ``spell_extras(extras) -> {kind: str}``, the strings its
             engine keys extra keys by (e.g. a LoRA's id string); the suite builds salts equal to
             them and to their concatenations, to find untyped aliasing.
+        events: the engine publishes KV-cache events (SEMANTICS.md section 9): the adapter has
+            ``take_events() -> Sequence[EventBatch]`` (the batches published since the last call,
+            :mod:`pagedprefix.spec.events`, numbered from 0 for a new instance) and
+            ``cached_keys() -> Mapping[(group, key), int]`` (its observable index: blocks holding
+            each key). The suite takes them after every operation (profile ``core``: properties
+            ``event-index``, ``event-sequence``, ``event-parents``, ``event-extras``).
     """
 
     fork: bool = True
@@ -135,6 +142,7 @@ class Capabilities:
     weak_hash: bool = False
     verify_tokens: bool = False
     spells_extras: bool = False
+    events: bool = False
 
     def claims_policy_of(self, config: CacheConfig) -> bool:
         """Whether the engine follows exactly the spec policy ``config`` names."""
@@ -173,6 +181,7 @@ class Capabilities:
             "weak_hash": self.weak_hash,
             "verify_tokens": self.verify_tokens,
             "spells_extras": self.spells_extras,
+            "events": self.events,
         }
 
     @classmethod
@@ -249,8 +258,9 @@ class PrefixCacheAdapter(Protocol):
     Every operation is all-or-nothing and raises the spec's typed errors
     (:mod:`pagedprefix.spec.errors`). Observations needing an undeclared capability
     (``ref_cnt``, ``free_blocks``, ``block_hash``) may raise :class:`NotImplementedError`; they are
-    never called then. An adapter may also define ``close()``; the suite calls it when done, and
-    ``spell_extras(extras) -> dict[str, str]`` when it declares ``spells_extras``.
+    never called then. An adapter may also define ``close()``; the suite calls it when done,
+    ``spell_extras(extras) -> dict[str, str]`` when it declares ``spells_extras``, and
+    ``take_events()`` / ``cached_keys()`` when it declares ``events`` (see :class:`Capabilities`).
     """
 
     capabilities: Capabilities
@@ -334,6 +344,12 @@ class AdapterBase:
 
     def spell_extras(self, extras: Extras) -> dict[str, str]:
         raise NotImplementedError("extra-key spelling not declared")
+
+    def take_events(self) -> Sequence[EventBatch]:
+        raise NotImplementedError("KV-cache events not declared")
+
+    def cached_keys(self) -> Mapping[GroupKey, int]:
+        raise NotImplementedError("KV-cache events not declared")
 
 
 def close_adapter(adapter: object) -> None:

@@ -329,6 +329,8 @@ def property_skip_reason(name: str, profile: str, caps: Capabilities) -> str | N
         return "capability free_queue not declared"
     if name == "exact-ids" and not caps.exact_ids:
         return "capability exact_ids not declared"
+    if prop.needs == "events" and not caps.events:
+        return "capability events not declared"
     return None
 
 

@@ -5,8 +5,8 @@ line, one JSON response per line, in order. ``python -m pagedprefix.conformance.
 is the reference server (it serves any Python adapter), and ``--engine jsonl:COMMAND`` selects a
 server on the command line.
 
-Protocol (version 2; servers speaking version 1 are still driven)
-------------------------------------------------------------------
+Protocol (version 3; servers speaking versions 1 and 2 are still driven)
+------------------------------------------------------------------------
 Request: ``{"id": N, "method": M, "params": {...}}``. Response: ``{"id": N, "result": R}`` or
 ``{"id": N, "error": {"kind": K, "message": "...", "traceback": "..."}}`` where ``K`` is a spec
 error class name (``InvalidConfig``, ``InvalidRequestId``, ``DuplicateRequest``,
@@ -21,7 +21,7 @@ extras as ``{"lora": {"name", "id"}, "cache_salt", "mm_items": [...], "prompt_em
 method              params                                result
 ==================  ====================================  ==========================================
 hello               {}                                    {"protocol": "pagedprefix-jsonl",
-                                                          "version": 2}
+                                                          "version": 3}
 create              {"config": {CacheConfig fields}}      {"handle": H, "capabilities": {...}}
 drop                {"handle"}                            null
 allocate            {"handle", "request_id", "tokens",    {"num_computed_tokens", "block_table"}
@@ -38,14 +38,25 @@ free_blocks         {"handle"}                            {"free_blocks"}
 block_hash          {"handle", "block_id"}                {"block_hash": hex or null}
 step                {"handle"}                            null
 observe (v2)        {"handle", "request_ids",             {"num_free_blocks", "tables": [[id,
-                    "ref_cnt", "free_blocks", "keys"}     table]], "ref_cnt"?, "free_blocks"?,
-                                                          "keys"?: [[id, [hex|null]]]}
+                    "ref_cnt", "free_blocks", "keys",     table]], "ref_cnt"?, "free_blocks"?,
+                    "events" (v3)}                        "keys"?: [[id, [hex|null]]],
+                                                          "cached_keys"?, "events"? (v3)}
 spell_extras (v2)   {"handle", "extras"}                  {kind: str} (``spells_extras`` engines)
+take_events (v3)    {"handle"}                            {"batches": [{"seq", "events": [...]}]}
+cached_keys (v3)    {"handle"}                            {"cached_keys": [[group, hex, count]]}
 shutdown            {}                                    null, then the server exits
 ==================  ====================================  ==========================================
 
 ``observe`` answers every observation of one step in one round trip (an error in any of them is
 the reply's error). A version-1 server gets the single observations instead.
+
+Version 3 adds KV-cache events (capability ``events``, SEMANTICS.md section 9): ``take_events``
+returns the batches published since the last call (and ``observe`` with ``"events": true`` takes
+them too, with ``cached_keys``). Events are the JSON forms of :mod:`pagedprefix.spec.events`
+(``{"type": "BlockStored", "block_hashes": [hex], "parent_block_hash": hex | null, "token_ids",
+"block_size", "extras": [[[tag, hex payload], ...] per block], "group"}``, ``{"type":
+"BlockRemoved", "block_hashes", "group"}``, ``{"type": "AllBlocksCleared"}``). A server older
+than version 3 that declares ``events`` is refused at ``create``.
 
 Time limits. Every reply must arrive within the call limit (``call_timeout``, 10 s by default;
 ``hello`` and ``create`` get ``start_timeout``, 120 s, for imports). A server that is silent for
@@ -76,14 +87,17 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId
+from pagedprefix.spec.events import EventBatch, GroupKey, batch_from_json
 
 from .codec import Json, config_to_json, make_error
 from .protocol import AdapterFactory, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
 from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
 
 PROTOCOL = "pagedprefix-jsonl"
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
+EVENTS_VERSION = 3
+"""The first protocol version with ``take_events``, ``cached_keys`` and events in ``observe``."""
 MAX_LINE = 64 * 1024 * 1024
 STDERR_TAIL = 2000
 
@@ -322,6 +336,12 @@ class SubprocessAdapter:
         self.handle = created["handle"]
         self.capabilities = Capabilities.from_json(created.get("capabilities") or {})
         self._closed = False
+        if self.capabilities.events and process.version < EVENTS_VERSION:
+            self.close()
+            raise EngineProcessError(
+                f"the engine declares events but speaks protocol version {process.version}; "
+                f"events need version {EVENTS_VERSION}"
+            )
 
     def _call(self, method: str, **params: Json) -> Any:
         return self.process.call(method, {"handle": self.handle, **params})
@@ -380,19 +400,42 @@ class SubprocessAdapter:
     def step(self) -> None:
         self._call("step")
 
+    def take_events(self) -> list[EventBatch]:
+        """The event batches the engine published since the last call (protocol 3)."""
+        value = self._call("take_events")
+        batches = value.get("batches") if isinstance(value, dict) else None
+        if not isinstance(batches, list):
+            raise EngineProcessError(f"take_events returned {value!r:.200}")
+        try:
+            return [batch_from_json(b) for b in batches]
+        except ValueError as exc:
+            raise EngineProcessError(f"take_events returned a malformed batch: {exc}") from None
+
+    def cached_keys(self) -> dict[GroupKey, int]:
+        """The engine's observable index (protocol 3)."""
+        value = self._call("cached_keys")
+        entries = value.get("cached_keys") if isinstance(value, dict) else None
+        try:
+            return {(int(g), bytes.fromhex(k)): int(n) for g, k, n in entries}  # type: ignore[union-attr]
+        except (TypeError, ValueError) as exc:
+            raise EngineProcessError(f"cached_keys returned {value!r:.200} ({exc})") from None
+
     def observe_batch(
-        self, request_ids: list[RequestId], ref_cnt: bool, free_blocks: bool, keys: bool
+        self, request_ids: list[RequestId], ref_cnt: bool, free_blocks: bool, keys: bool, events: bool = False
     ) -> dict[str, Json] | None:
-        """Every observation of one step in one round trip (protocol 2); ``None`` from a
-        version-1 server (the caller then asks one by one)."""
+        """Every observation of one step in one round trip (protocol 2; ``events`` and
+        ``cached_keys`` too, protocol 3); ``None`` from a version-1 server (the caller then asks
+        one by one)."""
         if self.process.version < 2:
             return None
-        params = {
+        params: dict[str, Json] = {
             "request_ids": _plain(request_ids),
             "ref_cnt": ref_cnt,
             "free_blocks": free_blocks,
             "keys": keys,
         }
+        if events:
+            params["events"] = True
         value = self._call("observe", **params)
         if not isinstance(value, dict):
             raise EngineProcessError(f"observe returned {value!r:.200}")
