@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pagedprefix.conformance.protocol import EngineUnavailable
@@ -24,15 +24,22 @@ from pagedprefix.conformance.subprocess_adapter import EngineProcessError
 from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
 from pagedprefix.conformance.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
 from pagedprefix.conformance.watchdog import EngineHung
-from pagedprefix.replay.cli_common import fail, output_problem
+from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, set_cluster_hook
+from pagedprefix.replay.cli_common import PLOT_HINT, _progress, fail, output_problem
+from pagedprefix.replay.sim import ReplayConfig
+from pagedprefix.spec import PrefixCacheError
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .conform import Verdict, judge
+from .conform import IndexerFactory, Verdict, judge
 from .load import open_indexer
+from .replay import ClusterOptions, ClusterResult, run_with_twin
+from .report import cluster_table, write_rows_csv, write_rows_json, write_rows_plot
+from .router import DEFAULT_LAMBDA
 from .scenarios import builtin_scenarios
 from .streams import Scenario
+from .transport import ZMQ_HINT, TransportError, zmq_available
 
 COMMAND = "indexer-conform"
 MAX_GENERATED = 1000
@@ -135,6 +142,97 @@ def indexer_conform_command(
         raise typer.Exit(1)
 
 
+REPLAY = "replay"
+
+
+def parse_restart(text: str) -> tuple[int, int]:
+    """``"1@500"`` -> ``(1, 500)``: replica 1 restarts before request 500 arrives. Raises
+    ``ValueError`` for anything else."""
+    replica, sep, arrival = text.strip().partition("@")
+    if not sep or not replica.isdigit() or not arrival.isdigit() or len(replica) > 9 or len(arrival) > 18:
+        raise ValueError(f"--restart-replica {text!r}: expected REPLICA@REQUEST, e.g. 1@500")
+    return int(replica), int(arrival)
+
+
+def cluster_options(args: ClusterArgs) -> ClusterOptions:
+    """The cluster replay's options from the ``replay`` command's. Raises ``ValueError`` or
+    :class:`~pagedprefix.spec.InvalidConfig` (a ``ValueError``) for bad ones."""
+    options = ClusterOptions(
+        replicas=args.replicas,
+        router=args.router or "round_robin",
+        lam=DEFAULT_LAMBDA if args.router_lambda is None else args.router_lambda,
+        drop_events=args.drop_events,
+        restarts=tuple(parse_restart(t) for t in args.restart_replica),
+        transport=args.transport,
+        fault_seed=args.fault_seed,
+    )
+    options.validate()
+    return options
+
+
+def cluster_runner(args: ClusterArgs) -> ClusterRunner:
+    """The ``replay`` command's cluster mode: check the cluster options and what they need (pyzmq
+    for ``--transport zmq``, the indexer) now, before the trace is loaded; the runner replays each
+    capacity (with its oracle-routed twin when a fault is injected), prints the table, writes files."""
+    try:
+        options = cluster_options(args)
+    except ValueError as exc:
+        raise fail(REPLAY, exc) from None
+    if options.transport == "zmq" and not zmq_available():
+        raise fail(REPLAY, ZMQ_HINT)
+    try:
+        loaded = open_indexer(args.indexer)
+        loaded.start()
+    except (EngineUnavailable, EngineProcessError, EngineHung) as exc:
+        raise fail(REPLAY, exc) from None
+
+    def run(job: ReplayJob, out: Console, console: Console) -> None:
+        try:
+            rows = [_run_capacity(job, config, options, loaded.factory, args.indexer, console).row()
+                    for config in job.configs]
+        finally:
+            loaded.close()
+        out.print(cluster_table(rows))
+        _write(rows, job.csv_path, job.json_path, job.plot)
+
+    return run
+
+
+def _run_capacity(job: ReplayJob, config: ReplayConfig, options: ClusterOptions, factory: IndexerFactory,
+                  indexer: str, console: Console) -> ClusterResult:
+    label = f"{options.replicas} x {'unbounded' if config.num_blocks is None else config.num_blocks} blocks"
+    try:
+        with _progress(job.show_progress, console, label, len(job.requests)) as update:
+            return run_with_twin(job.requests, config, options, job.factory, indexer_factory=factory,
+                                 indexer_name=indexer, engine_name=job.engine, trace_name=job.trace,
+                                 progress=update)
+    except PrefixCacheError as exc:  # a config the engine refuses
+        raise fail(REPLAY, exc) from None
+    except TransportError as exc:
+        raise fail(REPLAY, f"event transport failed: {exc}", code=1) from None
+    except (EngineProcessError, EngineHung) as exc:
+        raise fail(REPLAY, f"indexer {indexer!r} failed: {exc}", code=1) from None
+    except Exception as exc:  # the engine itself failed: not a user error
+        raise fail(REPLAY, f"cluster replay failed: {type(exc).__name__}: {exc}", code=1) from None
+
+
+def _write(rows: list[dict[str, Any]], csv_path: Path | None, json_path: Path | None,
+           plot: Path | None) -> None:
+    writers = ((csv_path, "--csv", write_rows_csv), (json_path, "--json", write_rows_json),
+               (plot, "--plot", write_rows_plot))
+    for path, option, write in writers:
+        if path is None:
+            continue
+        try:
+            write(rows, path)
+        except OSError as exc:
+            raise fail(REPLAY, f"{option} {path}: cannot write: {exc}") from None
+        except ImportError:
+            raise fail(REPLAY, PLOT_HINT) from None
+
+
 def register(app: typer.Typer) -> None:
-    """Add the cluster commands to the project's typer app."""
+    """Add the cluster commands to the project's typer app and install the cluster mode of
+    ``pagedprefix replay``."""
+    set_cluster_hook(cluster_runner)
     app.command(COMMAND, help=indexer_conform_command.__doc__)(indexer_conform_command)
