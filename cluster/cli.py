@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,8 +27,9 @@ from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOU
 from pagedprefix.conformance.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
 from pagedprefix.conformance.watchdog import EngineHung
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, set_cluster_hook
-from pagedprefix.replay.cli_common import PLOT_HINT, _progress, fail, output_problem
+from pagedprefix.replay.cli_common import PLOT_HINT, _progress, fail, output_problem, plot_problem
 from pagedprefix.replay.sim import ReplayConfig
+from pagedprefix.replay.trace import TraceError, load_trace
 from pagedprefix.spec import PrefixCacheError
 from rich import box
 from rich.console import Console
@@ -34,11 +37,12 @@ from rich.table import Table
 
 from .conform import IndexerFactory, Verdict, judge
 from .load import open_indexer
+from .options import cluster_options
 from .replay import ClusterOptions, ClusterResult, run_with_twin
-from .report import cluster_table, write_rows_csv, write_rows_json, write_rows_plot
-from .router import DEFAULT_LAMBDA
+from .report import CLUSTER_FIELDS, cluster_table, write_rows_csv, write_rows_json, write_rows_plot
 from .scenarios import builtin_scenarios
 from .streams import Scenario
+from .sweep import EXECUTORS, RAY_HINT, CellError, SweepRun, check_cell, grid, ray_available, run_sweep
 from .transport import ZMQ_HINT, TransportError, zmq_available
 
 COMMAND = "indexer-conform"
@@ -51,9 +55,13 @@ _H_INDEXER = ("reference, module:factory (a Callable[[IndexerConfig], KVIndexer]
 _H_IN_PROCESS = "run a module:factory indexer in this process"
 
 
-def _check_seconds(name: str, value: float) -> None:
+def _check_seconds_for(command: str, name: str, value: float) -> None:
     if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
-        raise fail(COMMAND, f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], got {value}")
+        raise fail(command, f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], got {value}")
+
+
+def _check_seconds(name: str, value: float) -> None:
+    _check_seconds_for(COMMAND, name, value)
 
 
 def _select(scenarios: list[Scenario], names: list[str] | None) -> list[Scenario]:
@@ -143,31 +151,7 @@ def indexer_conform_command(
 
 
 REPLAY = "replay"
-
-
-def parse_restart(text: str) -> tuple[int, int]:
-    """``"1@500"`` -> ``(1, 500)``: replica 1 restarts before request 500 arrives. Raises
-    ``ValueError`` for anything else."""
-    replica, sep, arrival = text.strip().partition("@")
-    if not sep or not replica.isdigit() or not arrival.isdigit() or len(replica) > 9 or len(arrival) > 18:
-        raise ValueError(f"--restart-replica {text!r}: expected REPLICA@REQUEST, e.g. 1@500")
-    return int(replica), int(arrival)
-
-
-def cluster_options(args: ClusterArgs) -> ClusterOptions:
-    """The cluster replay's options from the ``replay`` command's. Raises ``ValueError`` or
-    :class:`~pagedprefix.spec.InvalidConfig` (a ``ValueError``) for bad ones."""
-    options = ClusterOptions(
-        replicas=args.replicas,
-        router=args.router or "round_robin",
-        lam=DEFAULT_LAMBDA if args.router_lambda is None else args.router_lambda,
-        drop_events=args.drop_events,
-        restarts=tuple(parse_restart(t) for t in args.restart_replica),
-        transport=args.transport,
-        fault_seed=args.fault_seed,
-    )
-    options.validate()
-    return options
+SWEEP = "sweep"
 
 
 def cluster_runner(args: ClusterArgs) -> ClusterRunner:
@@ -231,8 +215,97 @@ def _write(rows: list[dict[str, Any]], csv_path: Path | None, json_path: Path | 
             raise fail(REPLAY, PLOT_HINT) from None
 
 
+_H_AXIS = "comma list: one cell per value (the replay's own option; not given: the replay's default)"
+_H_SWEEP_PLOT = "hit rate against replicas, PNG (needs matplotlib)"
+_H_EXECUTOR = "local (a process pool) or ray (RAY_ADDRESS, or a local Ray cluster)"
+_H_WORKERS = "processes (local) or CPUs of the local Ray cluster; default: the CPU count"
+
+
+def _axis(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def sweep_command(
+    ctx: typer.Context,
+    trace: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    num_blocks: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    free_order: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    replicas: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    router: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    drop_events: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    executor: Annotated[str, typer.Option(help=_H_EXECUTOR)] = "local",
+    workers: Annotated[int | None, typer.Option(min=1, max=1024, help=_H_WORKERS)] = None,
+    cell_timeout: Annotated[float, typer.Option(help="seconds a cell may take")] = 3600.0,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="write one CSV row per cell")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the rows as JSON")] = None,
+    plot: Annotated[Path | None, typer.Option(help=_H_SWEEP_PLOT)] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="progress bar")] = None,
+) -> None:
+    """A grid of cluster replays written in the replay's own options (comma lists; options after
+    '--' go to every cell), one task per cell, on local cores or a Ray cluster."""
+    console = Console(stderr=True)
+    out = Console() if Console().is_terminal else Console(width=200)
+    given = {"trace": trace, "num-blocks": num_blocks, "free-order": free_order, "replicas": replicas,
+             "router": router, "drop-events": drop_events}
+    axes = {name: _axis(text) for name, text in given.items() if text is not None}
+    empty = [name for name, values in axes.items() if not values]
+    if empty:
+        raise fail(SWEEP, f"--{empty[0]} needs at least one value")
+    if executor not in EXECUTORS:
+        raise fail(SWEEP, f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if executor == "ray" and not ray_available():
+        raise fail(SWEEP, RAY_HINT)
+    _check_seconds_for(SWEEP, "--cell-timeout", cell_timeout)
+    problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
+    if problem is not None:
+        raise fail(SWEEP, problem)
+    cells = grid(axes, list(ctx.args))
+    for cell in cells:
+        try:
+            check_cell(cell)
+        except CellError as exc:
+            raise fail(SWEEP, f"cell 'pagedprefix replay {shlex.join(cell)}': {exc}") from None
+    for name in axes.get("trace", ["conversation"]):
+        try:
+            load_trace(name, limit=1)
+        except TraceError as exc:
+            raise fail(SWEEP, exc) from None
+    n_workers = workers or os.cpu_count() or 1
+    show = console.is_terminal if progress is None else progress
+    try:
+        with _progress(show, console, f"{len(cells)} cells ({executor})", len(cells)) as update:
+            done = run_sweep(cells, executor, n_workers, cell_timeout,
+                             None if update is None else (lambda k: update(k, len(cells))))
+    except CellError as exc:
+        raise fail(SWEEP, exc) from None
+    except TimeoutError as exc:
+        raise fail(SWEEP, exc, code=1) from None
+    out.print(cluster_table(done.rows, title="sweep"))
+    out.print(f"{len(cells)} cells on {executor} ({n_workers} workers) in {done.wall_s:.1f} s",
+              markup=False, highlight=False)
+    _write_sweep(done, csv_path, json_path, plot)
+
+
+def _write_sweep(done: SweepRun, csv_path: Path | None, json_path: Path | None, plot: Path | None) -> None:
+    meta = {"sweep": {"executor": done.executor, "workers": done.workers, "wall_s": done.wall_s,
+                      "cells": len({r["cell"] for r in done.rows})}}
+    try:
+        if csv_path is not None:
+            write_rows_csv(done.rows, csv_path, (*CLUSTER_FIELDS, "free_order", "cell"))
+        if json_path is not None:
+            write_rows_json(done.rows, json_path, kind="sweep", extra=meta)
+        if plot is not None:
+            write_rows_plot(done.rows, plot)
+    except OSError as exc:
+        raise fail(SWEEP, f"cannot write: {exc}") from None
+    except ImportError:
+        raise fail(SWEEP, PLOT_HINT) from None
+
+
 def register(app: typer.Typer) -> None:
     """Add the cluster commands to the project's typer app and install the cluster mode of
     ``pagedprefix replay``."""
     set_cluster_hook(cluster_runner)
     app.command(COMMAND, help=indexer_conform_command.__doc__)(indexer_conform_command)
+    extra = {"allow_extra_args": True, "ignore_unknown_options": True}
+    app.command(SWEEP, help=sweep_command.__doc__, context_settings=extra)(sweep_command)

@@ -162,11 +162,13 @@ def replay_command(
     _run_single(job, out, console)
 
 
-def prepare_job(params: Mapping[str, Any], console: Console | None = None) -> ReplayJob:
+def prepare_job(params: Mapping[str, Any], console: Console | None = None,
+                cluster_hook: ClusterHook | None = None) -> ReplayJob:
     """Check everything that can be checked before the work starts (options, outputs, optional
     dependencies, the engine, the cluster options), then load the trace. ``params`` maps the
     ``replay`` command's parameter names to values (what the command, or click parsing its command
-    line, gives). A user error ends the command: ``typer.Exit`` after one line on stderr."""
+    line, gives); ``cluster_hook`` replaces the installed one (:func:`set_cluster_hook`). A user
+    error ends the command: ``typer.Exit`` after one line on stderr."""
     p = dict(params)
     capacities = parse_capacities(p["num_blocks"])
     configs = [ReplayConfig(block_size=p["block_size"], num_blocks=cap, max_running=p["max_running"],
@@ -184,9 +186,10 @@ def prepare_job(params: Mapping[str, Any], console: Console | None = None) -> Re
     if cluster.wanted():
         if p["check_spec"]:
             raise fail(COMMAND, "--check-spec runs one engine; it does not combine with the cluster options")
-        if not _cluster_hook:
+        hook = cluster_hook or (_cluster_hook[0] if _cluster_hook else None)
+        if hook is None:
             raise fail(COMMAND, "the cluster replay (pagedprefix.cluster) is not installed")
-        runner = _cluster_hook[0](cluster)
+        runner = hook(cluster)
     outputs = {"--csv": p["csv_path"], "--json": p["json_path"], "--plot": p["plot"],
                "--repro": p["repro"] if p["check_spec"] else None}
     problem = output_problem(outputs) or plot_problem(p["plot"])
