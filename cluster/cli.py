@@ -171,6 +171,8 @@ def cluster_runner(args: ClusterArgs) -> ClusterRunner:
         raise fail(REPLAY, exc) from None
 
     def run(job: ReplayJob, out: Console, console: Console) -> None:
+        if not out.is_terminal:  # one line per run, however many replicas
+            out = Console(width=220)
         try:
             rows = [_run_capacity(job, config, options, loaded.factory, args.indexer, console).row()
                     for config in job.configs]
