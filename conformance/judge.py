@@ -26,6 +26,7 @@ run); ``exact`` requires the identity.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -366,18 +367,7 @@ class Judge:
                 state = "was never written" if got is None else "holds KV of other content"
                 self.fail("hit-content", f"{what} hit {h} tokens, but position {p} in block {b} {state}")
         hit_blocks = -(-h // self.B)
-        for p in range(h, len(tokens)):
-            j = p // self.B
-            shared = j < hit_blocks
-            self._write(
-                holders,
-                rid,
-                table[j],
-                p % self.B,
-                req.idents[p],
-                "cow-isolation" if shared else "held-blocks",
-                "a block it hit" if shared else "a block it was given for new tokens",
-            )
+        self._write_positions(holders, rid, req, table, h, lambda j: j < hit_blocks, "a block it hit")
         self.live[rid] = req
         self.engine_pops += len(table) - hit_blocks
         self.published |= self._block_idents(req, 0, len(tokens) // self.B)
@@ -405,24 +395,40 @@ class Judge:
         req.table = table
         req.tokens.extend(new_tokens)
         self._extend_idents(req, new_tokens)
-        for p in range(old_len, len(req.tokens)):
-            j = p // self.B
-            kept = j < len(old_table) and old_table[j] == table[j]
-            self._write(
-                holders,
-                rid,
-                table[j],
-                p % self.B,
-                req.idents[p],
-                "cow-isolation" if kept else "held-blocks",
-                "its shared last block" if kept else "a block it was given for new tokens",
-            )
+        kept = lambda j: j < len(old_table) and old_table[j] == table[j]  # noqa: E731
+        self._write_positions(holders, rid, req, table, old_len, kept, "its shared last block")
         self.engine_pops += len(table) - len(old_table) + len(copies)
         filled = self._block_idents(req, full, len(req.tokens) // self.B)
         if self.publish_decode == "append":
             self.published |= filled
         else:
             self.pending.setdefault(rid, set()).update(filled)
+
+    def _write_positions(
+        self,
+        holders: dict[int, list[tuple[RequestId, int]]],
+        rid: RequestId,
+        req: Req,
+        table: list[int],
+        first: int,
+        shared: Callable[[int], bool],
+        shared_why: str,
+    ) -> None:
+        """Record the request's writes of positions ``first ..`` through ``table``; a write into a
+        block it shares (``shared(j)``) breaks ``cow-isolation`` if another request reads the slot,
+        one into a block it was given fresh breaks ``held-blocks``."""
+        for p in range(first, len(req.tokens)):
+            j = p // self.B
+            mine = shared(j)
+            self._write(
+                holders,
+                rid,
+                table[j],
+                p % self.B,
+                req.idents[p],
+                "cow-isolation" if mine else "held-blocks",
+                shared_why if mine else "a block it was given for new tokens",
+            )
 
     # ----- publication (what profile maximal may expect to be hit) --------------------------
 

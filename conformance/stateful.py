@@ -86,6 +86,8 @@ class StatefulReport:
     errors: list[str] = field(default_factory=list)
     incomplete: bool = False
     hung: EngineHung | None = None
+    found_order: list[str] = field(default_factory=list)
+    """Failing properties in the order the run found them (the first is the bug's first symptom)."""
 
     @property
     def ok(self) -> bool:
@@ -427,6 +429,7 @@ def _run_chunks(
         if rec.hung is not None:
             report.hung = rec.hung
             failures["engine-errors"] = _hung_failure(rec.hung, setup.profile)
+            report.found_order.append("engine-errors")
             report.examples += rec.examples
             break
         if rec.found is None:
@@ -440,6 +443,7 @@ def _run_chunks(
         if failure is None:
             break
         failures[failure.prop] = failure
+        report.found_order.append(failure.prop)
         if echo is not None:
             echo(failure.render())
         disabled.add(failure.prop)

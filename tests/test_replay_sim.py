@@ -224,7 +224,7 @@ def test_engine_names_resolve_to_factories() -> None:
     assert load_factory("spec") == SpecCache.create
     assert load_factory("impl") == BlockManager.create
     assert load_factory("pagedprefix.spec:SpecCache.create") == SpecCache.create
-    for bad, phrase in (("nonsense", "expected one of impl, radix, spec"),
+    for bad, phrase in (("nonsense", "expected one of impl, radix, sglang, sglang-unified, spec, vllm"),
                         ("no_such_module_xyz:f", "cannot import"),
                         ("pagedprefix.spec:Nope", "no attribute path"),
                         ("pagedprefix.spec:HASH_ALGOS", "not callable")):
