@@ -29,6 +29,7 @@ def cluster_options(args: ClusterArgs) -> ClusterOptions:
         restarts=tuple(parse_restart(t) for t in args.restart_replica),
         transport=args.transport,
         fault_seed=args.fault_seed,
+        heartbeat=args.event_heartbeat,
     )
     options.validate()
     return options

@@ -14,7 +14,8 @@ Model (everything else is the replay's own, :mod:`pagedprefix.replay.sim`):
   the network), and asks it for the request's keys (hashed as the engines hash them). Load comes
   from each replica's blocks in use at that moment (a metric replicas publish beside their events).
 - After each step every replica publishes one batch of the events of its operations (numbered from
-  0 per engine instance; none when nothing happened), as vLLM publishes one batch per engine step.
+  0 per engine instance; none when nothing happened, as vLLM publishes one batch per engine step
+  with events; with ``heartbeat`` an empty one then, so that a loss never stays unseen).
 - Faults: ``drop_events`` loses each batch on the way with that probability (seeded per replica,
   so every transport loses the same batches); ``restarts`` replaces a replica's engine with a new
   one (empty cache, numbering from 0) just before a given arrival; its running requests go back to
@@ -86,6 +87,9 @@ class ClusterOptions:
         restarts: ``(replica, arrival)`` pairs: replica restarts just before that request arrives.
         transport: ``inprocess`` or ``zmq``.
         fault_seed: seed of the losses.
+        heartbeat: a replica publishes an empty batch after every step it has no events, so a lost
+            batch is seen within a step even when the replica goes idle (vLLM publishes only
+            non-empty batches: off by default).
     """
 
     replicas: int = 1
@@ -95,6 +99,7 @@ class ClusterOptions:
     restarts: tuple[tuple[int, int], ...] = ()
     transport: str = "inprocess"
     fault_seed: int = 0
+    heartbeat: bool = False
 
     def validate(self) -> None:
         """Raise :class:`~pagedprefix.spec.InvalidConfig` for a knob out of range."""
@@ -183,10 +188,11 @@ class Replica:
     def finish(self) -> None:
         self._keep_stats()
 
-    def publish(self) -> EventBatch | None:
-        """The batch of the events since the last one (``None``: nothing happened)."""
+    def publish(self, heartbeat: bool = False) -> EventBatch | None:
+        """The batch of the events since the last one (``None``: nothing happened, unless
+        ``heartbeat``: then an empty batch)."""
         events: list[Event] = list(self.engine.take_events())
-        if not events:
+        if not events and not heartbeat:
             return None
         batch = EventBatch(self.next_seq, tuple(events))
         self.next_seq += 1
@@ -215,6 +221,7 @@ class ClusterResult:
     drop_events: float
     restarts: str
     indexer: str
+    heartbeat: bool
     block_size: int
     num_blocks: int
     max_running: int
@@ -355,7 +362,7 @@ class _Cluster:
         for replica in self.replicas:
             replica.sched.admit(clock)
             replica.sched.decode()
-            batch = replica.publish()
+            batch = replica.publish(self.options.heartbeat)
             if batch is None:
                 continue
             self.oracle.events(replica.name, batch)
@@ -402,7 +409,7 @@ def run_cluster(
     result = ClusterResult(
         engine=engine_name, trace=trace_name, replicas=options.replicas, router=options.router,
         lam=options.lam, transport=options.transport, drop_events=options.drop_events,
-        restarts=options.restart_text(),
+        restarts=options.restart_text(), heartbeat=options.heartbeat,
         indexer="oracle" if oracle_routing else indexer_name, block_size=config.block_size,
         num_blocks=cluster.cache_config.num_blocks, max_running=config.max_running, step_ms=step_ms,
         requests=len(reqs),

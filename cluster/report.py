@@ -13,6 +13,7 @@ from rich.table import Table
 
 CLUSTER_FIELDS: tuple[str, ...] = (
     "trace", "engine", "replicas", "router", "lam", "indexer", "transport", "drop_events", "restarts",
+    "heartbeat",
     "block_size", "num_blocks", "max_running", "step_ms", "requests", "admitted", "completed", "rejected",
     "aborted", "preemptions", "prompt_tokens", "hit_tokens", "prefill_tokens_saved", "token_hit_rate",
     "bound_token_hit_rate", "oracle_token_hit_rate", "hit_rate_lost", "load_imbalance",
@@ -93,6 +94,9 @@ def write_rows_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> None
     for trace, bound in sorted(bounds):
         ax.axhline(bound, color="grey", linestyle=":", label=f"one unbounded cache ({trace}: {bound:.3f})")
     ax.set_xscale("log", base=2)
+    ticks = sorted({int(r["replicas"]) for r in rows})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
     ax.set_xlabel("replicas")
     ax.set_ylabel("cluster token hit rate")
     ax.set_ylim(bottom=0)

@@ -114,7 +114,7 @@ def check_cell(argv: Sequence[str]) -> None:
 def _args(params: dict[str, Any]) -> ClusterArgs:
     return ClusterArgs(params["replicas"], params["router"] or "round_robin", params["router_lambda"],
                        params["drop_events"], list(params["restart_replica"] or []), params["transport"],
-                       params["fault_seed"], params["indexer"])
+                       params["fault_seed"], params["indexer"], params["event_heartbeat"])
 
 
 def run_cell(argv: Sequence[str]) -> list[Row]:

@@ -65,6 +65,7 @@ _H_LAMBDA = "prefix_aware: score = cached prefix tokens - LAMBDA * blocks in use
 _H_DROP = "probability that a replica's event batch is lost on the way to the router"
 _H_RESTART = "REPLICA@REQUEST: that replica restarts (empty cache) before that request arrives (repeatable)"
 _H_TRANSPORT = "how events reach the router: inprocess or zmq (real PUB/SUB on loopback; needs pyzmq)"
+_H_HEARTBEAT = "replicas publish an empty event batch every idle step (a lost batch is then always seen)"
 _H_INDEXER = "the router's indexer: reference, module:factory or jsonl:COMMAND (pagedprefix indexer-conform)"
 
 
@@ -81,6 +82,7 @@ class ClusterArgs:
     transport: str = "inprocess"
     fault_seed: int = 0
     indexer: str = "reference"
+    event_heartbeat: bool = False
 
     def wanted(self) -> bool:
         """Whether any cluster option was given (otherwise the replay drives one engine)."""
@@ -143,6 +145,7 @@ def replay_command(
     transport: Annotated[str, typer.Option(help=_H_TRANSPORT)] = "inprocess",
     fault_seed: Annotated[int, typer.Option(min=0, help="seed of the event losses")] = 0,
     indexer: Annotated[str, typer.Option(help=_H_INDEXER)] = "reference",
+    event_heartbeat: Annotated[bool, typer.Option("--event-heartbeat", help=_H_HEARTBEAT)] = False,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="write one CSV row per capacity")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help=_H_PLOT)] = None,
@@ -181,7 +184,8 @@ def prepare_job(params: Mapping[str, Any], console: Console | None = None,
     except InvalidConfig as exc:
         raise fail(COMMAND, exc) from None
     cluster = ClusterArgs(p["replicas"], p["router"], p["router_lambda"], p["drop_events"],
-                          list(p["restart_replica"] or []), p["transport"], p["fault_seed"], p["indexer"])
+                          list(p["restart_replica"] or []), p["transport"], p["fault_seed"], p["indexer"],
+                          p["event_heartbeat"])
     runner = None
     if cluster.wanted():
         if p["check_spec"]:

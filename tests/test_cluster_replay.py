@@ -120,6 +120,19 @@ def test_lost_batches_are_resynced_and_cost_no_hits_with_the_reference() -> None
     assert broken.token_hit_rate < lossy.token_hit_rate - 0.02
 
 
+def test_a_loss_on_a_replica_that_goes_idle_is_never_seen_without_a_heartbeat() -> None:
+    clean = run_cluster(SLICE, UNBOUNDED, ClusterOptions(8, "prefix_aware"), IMPL)
+    options = ClusterOptions(8, "prefix_aware", drop_events=0.3, fault_seed=0)
+    starved = run_cluster(SLICE, UNBOUNDED, options, IMPL)
+    # r4's only batch is lost and r4 goes idle: it is never credited again, so it never gets work,
+    # so it never publishes the batch that would show the gap.
+    assert starved.requests_per_replica.split("/")[4] == "1"
+    assert starved.stale_decisions and starved.stale_decisions > 100
+    beating = run_cluster(SLICE, UNBOUNDED, replace(options, heartbeat=True), IMPL)
+    assert beating.routes == clean.routes and beating.stale_decisions == 0
+    assert beating.batches_published > clean.batches_published  # the empty batches
+
+
 def test_a_restart_leaves_stale_credit_until_the_new_instance_publishes() -> None:
     options = ClusterOptions(4, "prefix_aware", restarts=((1, 60), (2, 100)))
     result = run_with_twin(SLICE, UNBOUNDED, options, IMPL)
