@@ -1,8 +1,10 @@
-"""TEMPORARY: KV-cache events for engines that do not emit them yet.
+"""KV-cache events derived for an engine that has no event queue of its own.
 
-Only until ``pagedprefix.impl.BlockManager`` (and ``SpecCache``) emit SEMANTICS.md section 9 events
-themselves (``take_events()``, ``cached_keys()``, issue 15 items 1-2). Then this module goes and the
-cluster replay drives the engine's own stream. It is not a reference for anything.
+The built-in engines publish SEMANTICS.md section 9 events themselves (``create(config,
+events=True)``, ``take_events()``, ``cached_keys()``) and the cluster replay drives those. A
+third-party engine without ``take_events`` is replayed through this wrapper instead; its stream is
+what the engine's block hashes imply, not what the engine would publish, so it is no check of that
+engine's events (``pagedprefix conform`` with capability ``events`` is).
 
 :class:`EventingEngine` wraps an engine that exposes ``block_hash(block)`` and derives the stream
 from what the engine reports: after an ``allocate`` or ``append``, every block the operation may

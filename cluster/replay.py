@@ -35,6 +35,7 @@ requests per replica, batches published and dropped, resyncs, stale decisions an
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import secrets
@@ -142,6 +143,26 @@ def emits_events(engine: object) -> bool:
     return callable(getattr(engine, "take_events", None)) and callable(getattr(engine, "cached_keys", None))
 
 
+def takes_events(factory: object) -> bool:
+    """Whether ``factory`` accepts an ``events`` keyword (the built-in engines' ``create``)."""
+    try:
+        return "events" in inspect.signature(factory).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
+def records_events(engine: object) -> bool:
+    """Whether a new engine has a working event queue: :func:`emits_events`, and its first
+    ``take_events()`` (nothing has happened yet) does not refuse (``BlockManager`` created
+    without ``events=True`` raises ``RuntimeError``)."""
+    if not emits_events(engine):
+        return False
+    try:
+        return list(engine.take_events()) == []  # type: ignore[attr-defined]
+    except RuntimeError:
+        return False
+
+
 class Replica:
     """One engine instance at a time, its scheduler, and its publisher's numbering."""
 
@@ -164,10 +185,13 @@ class Replica:
         self.dropped = 0
 
     def _new_engine(self) -> Any:
+        """The replica's engine with its own event queue (``factory(config, events=True)`` where
+        the factory takes ``events``, as ``SpecCache.create`` and ``BlockManager.create`` do);
+        an engine without one gets the stream derived from its block hashes (``_interim_events``)."""
+        if takes_events(self.factory):
+            return self.factory(self.cache_config, events=True)
         engine = self.factory(self.cache_config)
-        if not emits_events(engine):  # TEMPORARY until the engines emit events (_interim_events)
-            engine = EventingEngine(engine, self.cache_config)
-        return engine
+        return engine if records_events(engine) else EventingEngine(engine, self.cache_config)
 
     def restart(self) -> None:
         """A new engine instance (its state is lost: empty cache, numbering from 0); running requests

@@ -18,6 +18,7 @@ from pagedprefix.cluster.replay import ClusterOptions, run_cluster, run_with_twi
 from pagedprefix.cluster.router import ReplicaView, choose
 from pagedprefix.replay import ReplayConfig, load_factory, load_trace, parse_lines, run_replay
 from pagedprefix.replay.sim import Executor
+from pagedprefix.spec import CacheConfig
 from pagedprefix.spec.events import replay_events
 
 IMPL = load_factory("impl")
@@ -53,8 +54,9 @@ def test_one_replica_is_the_replay() -> None:
     assert single.evictions and single.evictions > 10_000  # the second config is under eviction pressure
 
 
-def test_the_interim_event_stream_reconstructs_the_engine_index() -> None:
-    """TEMPORARY with cluster/_interim_events.py: its stream, replayed, is the engine's real index."""
+def test_the_derived_event_stream_reconstructs_the_engine_index() -> None:
+    """cluster/_interim_events.py (engines without an event queue): its stream, replayed, is the
+    engine's real index under eviction pressure and copy-on-write."""
     engines: list[EventingEngine] = []
     events: list[object] = []
 
@@ -78,6 +80,20 @@ def test_the_interim_event_stream_reconstructs_the_engine_index() -> None:
         if key is not None:
             real[(0, key)] = real.get((0, key), 0) + 1
     assert replay_events(events) == engine.cached_keys() == real  # type: ignore[arg-type]
+
+
+def test_a_replica_drives_the_engines_own_event_queue() -> None:
+    """The built-in engines publish their own events (create(config, events=True)): no wrapper."""
+    from pagedprefix.cluster.replay import Replica, takes_events
+
+    assert takes_events(IMPL) and not takes_events(lambda config: IMPL(config))
+    replica = Replica("r0", IMPL, CacheConfig(block_size=16, num_blocks=64), SLICE[:2],
+                      ReplayConfig(num_blocks=64), [0, 0])
+    assert not isinstance(replica.engine, EventingEngine)
+    assert replica.engine.take_events() == []
+    wrapped = Replica("r1", lambda config: IMPL(config), CacheConfig(block_size=16, num_blocks=64),
+                      SLICE[:2], ReplayConfig(num_blocks=64), [0, 0])
+    assert isinstance(wrapped.engine, EventingEngine)
 
 
 def shared_prefix_trace():  # type: ignore[no-untyped-def]
