@@ -189,7 +189,7 @@ class Replica:
         the factory takes ``events``, as ``SpecCache.create`` and ``BlockManager.create`` do);
         an engine without one gets the stream derived from its block hashes (``_interim_events``)."""
         if takes_events(self.factory):
-            return self.factory(self.cache_config, events=True)
+            return self.factory(self.cache_config, events=True)  # type: ignore[call-arg]
         engine = self.factory(self.cache_config)
         return engine if records_events(engine) else EventingEngine(engine, self.cache_config)
 
