@@ -7,7 +7,7 @@
   property and the shortest exposing sequence of each (``MUTANTS``);
 - :mod:`.variants`: correct tree variants the baseline suite flags (false positives);
 - :mod:`.measure`: the kill measurements (``python -m corpus.measure`` from ``tests/``), whose
-  table is ``KILLS.md``.
+  table is in ``conformance/README.md`` (``KILLS.md``: the baseline before the runner rewrite).
 
 Neither engine is based on ``pagedprefix.impl`` or the spec; they use the spec's validation
 helpers and typed errors only.
