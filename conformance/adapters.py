@@ -9,11 +9,21 @@ policy the config names, reproduce the spec's keys and promise its physical ids 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId, SpecCache
+from pagedprefix.spec import (
+    GROUP_KINDS,
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    Extras,
+    RequestId,
+    create_cache,
+    is_hybrid,
+)
 
-from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter
+from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
 
 
 class SpecShaped(Protocol):
@@ -32,8 +42,17 @@ class SpecShaped(Protocol):
     def block_hash(self, block_id: int) -> bytes | None: ...
 
 
-def spec_capabilities(config: CacheConfig) -> Capabilities:
-    """What an engine with the spec's API and semantics declares under ``config``."""
+class SpecCacheShaped(SpecShaped, Protocol):
+    """The spec caches (:class:`SpecCache`, :class:`HybridSpecCache`): also their counters."""
+
+    num_evictions: int
+
+    def request_ids(self) -> tuple[RequestId, ...]: ...
+
+
+def spec_capabilities(config: CacheConfig, groups: bool = True) -> Capabilities:
+    """What an engine with the spec's API and semantics declares under ``config`` (``groups``:
+    it runs hybrid KV-cache groups of every kind, following the config's hybrid policies)."""
     return Capabilities(
         keys=True,
         free_order=config.free_order,
@@ -41,6 +60,9 @@ def spec_capabilities(config: CacheConfig) -> Capabilities:
         exact_ids=True,
         weak_hash=True,
         verify_tokens=True,
+        groups=frozenset(GROUP_KINDS) if groups else frozenset(),
+        retention=config.retention,
+        group_free_order=config.group_free_order,
     )
 
 
@@ -59,8 +81,8 @@ class SpecShapedAdapter:
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
         return self.cache.append(request_id, tokens)
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        self.cache.fork(parent_id, child_id)
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> Any:
+        return self.cache.fork(parent_id, child_id)  # None, or a hybrid cache's ForkResult
 
     def free(self, request_id: RequestId) -> None:
         self.cache.free(request_id)
@@ -86,17 +108,30 @@ class SpecShapedAdapter:
     def block_hash(self, block_id: int) -> bytes | None:
         return self.cache.block_hash(block_id)
 
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        """The tables per group (hybrid caches only)."""
+        tables: tuple[tuple[int | None, ...], ...] = self.cache.block_tables(request_id)  # type: ignore[attr-defined]
+        return tables
+
+    def new_step(self) -> None:
+        """A scheduler step boundary (hybrid caches; a no-op for the single-group cache)."""
+        new_step = getattr(self.cache, "new_step", None)
+        if new_step is not None:
+            new_step()
+
     def step(self) -> None:
         return None
 
 
 class SpecAdapter(SpecShapedAdapter):
-    """The executable spec as an adapter; ``num_evictions`` is exposed for the runner's model."""
+    """The executable spec as an adapter (``create_cache``: the hybrid spec for hybrid groups);
+    ``num_evictions`` is exposed for the runner's model."""
 
-    cache: SpecCache
+    cache: SpecCacheShaped
 
     def __init__(self, config: CacheConfig) -> None:
-        super().__init__(SpecCache.create(config), spec_capabilities(config))
+        # A HybridSpecCache has the same operations with the hybrid results (protocol.HybridAdapter).
+        super().__init__(cast(SpecCacheShaped, create_cache(config)), spec_capabilities(config))
 
     @property
     def num_evictions(self) -> int:
@@ -132,7 +167,9 @@ def impl_available() -> bool:
 def impl(config: CacheConfig) -> PrefixCacheAdapter:
     """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``)."""
     manager = impl_block_manager()
-    return SpecShapedAdapter(manager.create(config), spec_capabilities(config))
+    if is_hybrid(config.groups, config.block_size):
+        raise UnsupportedConfig("pagedprefix.impl has no hybrid groups yet")
+    return SpecShapedAdapter(manager.create(config), spec_capabilities(config, groups=False))
 
 
 RADIX_CAPABILITIES = Capabilities(

@@ -19,6 +19,7 @@ from typing import Any
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,
+    Deferred,
     DuplicateRequest,
     Extras,
     InvalidConfig,
@@ -44,6 +45,7 @@ ERROR_CLASSES: tuple[type[PrefixCacheError], ...] = (
     InvalidTokens,
     InvalidExtras,
     OutOfBlocks,
+    Deferred,
 )
 ERROR_KINDS: tuple[str, ...] = tuple(c.__name__ for c in ERROR_CLASSES)
 _ERROR_BY_NAME: dict[str, type[PrefixCacheError]] = {c.__name__: c for c in ERROR_CLASSES}

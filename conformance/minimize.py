@@ -29,7 +29,7 @@ from .judge import Lost
 from .model import EngineRun, SpecModel, adapter_capabilities, build_adapter
 from .properties import Violation
 from .protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
-from .vector_format import SCHEMA_VERSION, dumps, make_case, spec_version
+from .vector_format import dumps, make_case, schema_version_of, spec_version
 
 DEFAULT_POLICY = ("unhashed_to_head", False)
 
@@ -284,7 +284,7 @@ def render_failure(result: Replay, profile: str) -> Failure:
         steps=result.steps,
     )
     vector: dict[str, Json] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version_of([case]),
         "spec_version": spec_version(),
         "group": "counterexamples",
         "description": "Saved counterexample of the stateful conformance runner.",

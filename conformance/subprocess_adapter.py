@@ -5,8 +5,8 @@ line, one JSON response per line, in order. ``python -m pagedprefix.conformance.
 is the reference server (it serves any Python adapter), and ``--engine jsonl:COMMAND`` selects a
 server on the command line.
 
-Protocol (version 2; servers speaking version 1 are still driven)
-------------------------------------------------------------------
+Protocol (version 3; servers speaking versions 1 and 2 are still driven)
+-------------------------------------------------------------------------
 Request: ``{"id": N, "method": M, "params": {...}}``. Response: ``{"id": N, "result": R}`` or
 ``{"id": N, "error": {"kind": K, "message": "...", "traceback": "..."}}`` where ``K`` is a spec
 error class name (``InvalidConfig``, ``InvalidRequestId``, ``DuplicateRequest``,
@@ -21,7 +21,7 @@ extras as ``{"lora": {"name", "id"}, "cache_salt", "mm_items": [...], "prompt_em
 method              params                                result
 ==================  ====================================  ==========================================
 hello               {}                                    {"protocol": "pagedprefix-jsonl",
-                                                          "version": 2}
+                                                          "version": 3}
 create              {"config": {CacheConfig fields}}      {"handle": H, "capabilities": {...}}
 drop                {"handle"}                            null
 allocate            {"handle", "request_id", "tokens",    {"num_computed_tokens", "block_table"}
@@ -41,11 +41,23 @@ observe (v2)        {"handle", "request_ids",             {"num_free_blocks", "t
                     "ref_cnt", "free_blocks", "keys"}     table]], "ref_cnt"?, "free_blocks"?,
                                                           "keys"?: [[id, [hex|null]]]}
 spell_extras (v2)   {"handle", "extras"}                  {kind: str} (``spells_extras`` engines)
+block_tables (v3)   {"handle", "request_id"}              {"block_tables": [[block|null, ...] per
+                                                          group]}
+new_step (v3)       {"handle"}                            null
 shutdown            {}                                    null, then the server exits
 ==================  ====================================  ==========================================
 
 ``observe`` answers every observation of one step in one round trip (an error in any of them is
 the reply's error). A version-1 server gets the single observations instead.
+
+Version 3 adds hybrid KV-cache groups (SEMANTICS.md section 8) for a server whose capabilities
+declare ``groups``: the config carries ``groups`` (``[{"kind", "block_size", "window"?,
+"chunk"?}]``), ``retention`` and ``group_free_order``; on such a config ``allocate`` returns
+``{"num_computed_tokens", "block_tables", "checkpoints": [[group, num_tokens, block]]}``,
+``append`` ``{"copies", "block_tables", "checkpoints"}``, ``fork`` ``{"copies"}``; ``observe``
+takes ``"groups": true`` and answers ``"group_tables": [[id, [[block|null] per group]]]`` (and
+``"keys"`` per group) instead of ``"tables"``; errors include ``Deferred``. A version-1 or 2
+server that declares ``groups`` is refused (its capabilities are read without them).
 
 Time limits. Every reply must arrive within the call limit (``call_timeout``, 10 s by default;
 ``hello`` and ``create`` get ``start_timeout``, 120 s, for imports). A server that is silent for
@@ -73,17 +85,29 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import IO, Any
 
-from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId
+from pagedprefix.spec import (
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    Extras,
+    ForkResult,
+    HybridAllocation,
+    HybridAppendResult,
+    RequestId,
+    is_hybrid,
+)
 
 from .codec import Json, config_to_json, make_error
 from .protocol import AdapterFactory, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
 from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
 
 PROTOCOL = "pagedprefix-jsonl"
-PROTOCOL_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+PROTOCOL_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 MAX_LINE = 64 * 1024 * 1024
 STDERR_TAIL = 2000
 
@@ -320,7 +344,11 @@ class SubprocessAdapter:
         if not isinstance(created, dict) or "handle" not in created:
             raise EngineProcessError(f"create returned {created!r:.200}")
         self.handle = created["handle"]
-        self.capabilities = Capabilities.from_json(created.get("capabilities") or {})
+        caps = Capabilities.from_json(created.get("capabilities") or {})
+        if process.version < 3 and caps.groups:
+            caps = replace(caps, groups=frozenset())  # hybrid groups need protocol 3
+        self.capabilities = caps
+        self.hybrid = is_hybrid(config.groups, config.block_size)
         self._closed = False
 
     def _call(self, method: str, **params: Json) -> Any:
@@ -332,14 +360,34 @@ class SubprocessAdapter:
         r = self._call(
             "allocate", request_id=_plain(request_id), tokens=_plain(tokens), extras=extras_json(extras)
         )
+        if "block_tables" in r:
+            return HybridAllocation(  # type: ignore[return-value]
+                r["num_computed_tokens"], _tables(r["block_tables"]), _triples(r.get("checkpoints", []))
+            )
         return Allocation(r["num_computed_tokens"], tuple(r["block_table"]))
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
         r = self._call("append", request_id=_plain(request_id), tokens=_plain(tokens))
-        return AppendResult(tuple((c[0], c[1]) for c in r["copies"]), tuple(r["block_table"]))
+        copies = tuple((c[0], c[1]) for c in r["copies"])
+        if "block_tables" in r:
+            return HybridAppendResult(  # type: ignore[return-value]
+                copies, _tables(r["block_tables"]), _triples(r.get("checkpoints", []))
+            )
+        return AppendResult(copies, tuple(r["block_table"]))
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        self._call("fork", parent_id=_plain(parent_id), child_id=_plain(child_id))
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult | None:
+        r = self._call("fork", parent_id=_plain(parent_id), child_id=_plain(child_id))
+        if isinstance(r, dict) and "copies" in r:
+            return ForkResult(tuple((c[0], c[1]) for c in r["copies"]))
+        return None
+
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        """A live request's table per group (protocol 3, hybrid configs)."""
+        return _tables(self._call("block_tables", request_id=_plain(request_id))["block_tables"])
+
+    def new_step(self) -> None:
+        """A scheduler step boundary (protocol 3)."""
+        self._call("new_step")
 
     def free(self, request_id: RequestId) -> None:
         self._call("free", request_id=_plain(request_id))
@@ -393,6 +441,8 @@ class SubprocessAdapter:
             "free_blocks": free_blocks,
             "keys": keys,
         }
+        if self.hybrid:
+            params["groups"] = True
         value = self._call("observe", **params)
         if not isinstance(value, dict):
             raise EngineProcessError(f"observe returned {value!r:.200}")
@@ -403,6 +453,18 @@ class SubprocessAdapter:
             self._closed = True
             with contextlib.suppress(EngineProcessError, EngineHung, RemoteEngineError):
                 self._call("drop")
+
+
+def _tables(value: Any) -> tuple[tuple[int | None, ...], ...]:
+    if not isinstance(value, list) or not all(isinstance(t, list) for t in value):
+        raise EngineProcessError(f"block_tables is {value!r:.200}, not one list per group")
+    return tuple(tuple(t) for t in value)
+
+
+def _triples(value: Any) -> tuple[tuple[int, int, int], ...]:
+    if not isinstance(value, list) or not all(isinstance(c, list) and len(c) == 3 for c in value):
+        raise EngineProcessError(f"checkpoints is {value!r:.200}, not a list of [group, num_tokens, block]")
+    return tuple((c[0], c[1], c[2]) for c in value)
 
 
 def subprocess_factory(

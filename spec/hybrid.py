@@ -194,6 +194,9 @@ class HybridSpecCache:
     requests: dict[RequestId, HybridRequest] = field(default_factory=dict)
     pending: list[tuple[RequestId, int, bytes]] = field(default_factory=list)
     num_evictions: int = 0
+    num_pops: int = 0
+    """Blocks taken from the free_block_queue for new content since creation (a counter for
+    conformance's notion of eviction pressure; not part of the snapshot)."""
 
     @classmethod
     def create(cls, config: CacheConfig) -> HybridSpecCache:
@@ -328,6 +331,7 @@ class HybridSpecCache:
     def _pop_free(self) -> int:
         """Take the head of the free_block_queue for new content, evicting its key if it has one."""
         b = self.free_block_queue.pop(0)
+        self.num_pops += 1
         assert self.blocks[b].ref_cnt == 0
         if self.blocks[b].block_hash is not None:
             self._unkey(b)

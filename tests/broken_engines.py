@@ -172,7 +172,7 @@ class ForgetsOnFree(SpecCache):
 def _factory(cls: type[SpecCache]) -> AdapterFactory:
     def factory(config: CacheConfig) -> PrefixCacheAdapter:
         cache = cls.create(config)
-        return SpecShapedAdapter(cache, spec_capabilities(config))
+        return SpecShapedAdapter(cache, spec_capabilities(config, groups=False))
 
     factory.__name__ = cls.__name__
     return factory

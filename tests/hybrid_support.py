@@ -56,13 +56,15 @@ def hybrid_groups(draw: st.DrawFn) -> tuple[KVCacheGroup, ...]:
 
 
 @st.composite
-def hybrid_configs(draw: st.DrawFn, min_blocks: int = 3, max_blocks: int = 24) -> CacheConfig:
-    """A hybrid config (groups, pool, every policy; sha256 or xxh3 with a pinned seed)."""
+def hybrid_configs(draw: st.DrawFn) -> CacheConfig:
+    """A hybrid config (groups, every policy; sha256 or xxh3 with a pinned seed) with a small pool
+    (3-16 blocks: eviction and refusals) or a roomy one (24-64: long prompts fit, so siblings,
+    junctions and decodes across windows happen)."""
     groups = draw(hybrid_groups())
     algo = draw(st.sampled_from(["sha256", "xxh3_128"]))
     return CacheConfig(
         block_size=hash_granularity(groups),
-        num_blocks=draw(st.integers(min_blocks, max_blocks)),
+        num_blocks=draw(st.one_of(st.integers(3, 16), st.integers(24, 64))),
         hash_algo=algo,
         hash_seed=7 if algo == "xxh3_128" else None,
         free_order=draw(st.sampled_from(FREE_ORDERS)),
@@ -100,8 +102,16 @@ def next_op(draw: Callable[[st.SearchStrategy[Any]], Any], config: CacheConfig, 
     from the banks (often at a multiple of ``A``, sometimes with a private tail), decodes (sometimes
     several blocks at once), forks, frees, lookups, ``new_step`` and resets."""
     A = alignment(config)
-    kind = draw(st.sampled_from(["allocate"] * 5 + ["append"] * 4 + ["free"] * 3 + ["new_step"] * 2
-                                + ["fork"] * 2 + ["lookup", "reset"]))
+    kind = draw(
+        st.sampled_from(
+            ["allocate"] * 5
+            + ["append"] * 4
+            + ["free"] * 3
+            + ["new_step"] * 2
+            + ["fork"] * 2
+            + ["lookup", "reset"]
+        )
+    )
     dead = [r for r in IDS if r not in live]
     wrong = draw(st.integers(0, 7)) == 7  # not the simplest draw: shrinking heads for valid ids
     if kind in ("allocate", "fork") and not dead and not wrong:

@@ -94,7 +94,7 @@ def test_raw_protocol_lines() -> None:
     )
     replies = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["id"] for r in replies] == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert replies[0]["result"] == {"protocol": "pagedprefix-jsonl", "version": 2}
+    assert replies[0]["result"] == {"protocol": "pagedprefix-jsonl", "version": 3}
     assert replies[1]["result"]["handle"] == 1
     assert replies[1]["result"]["capabilities"]["free_order"] == "unhashed_to_head"
     assert replies[2]["result"] == {"num_computed_tokens": 0, "block_table": [0, 1]}
