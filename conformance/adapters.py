@@ -166,10 +166,10 @@ def impl_available() -> bool:
 
 def impl(config: CacheConfig) -> PrefixCacheAdapter:
     """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``)."""
-    manager = impl_block_manager()
-    if is_hybrid(config.groups, config.block_size):
-        raise UnsupportedConfig("pagedprefix.impl has no hybrid groups yet")
-    return SpecShapedAdapter(manager.create(config), spec_capabilities(config, groups=False))
+    impl_block_manager()
+    from pagedprefix.impl import create_manager
+
+    return SpecShapedAdapter(cast(SpecShaped, create_manager(config)), spec_capabilities(config))
 
 
 RADIX_CAPABILITIES = Capabilities(

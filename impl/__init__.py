@@ -1,5 +1,7 @@
 """The optimized implementation: :class:`BlockManager` (the spec's operations in O(1) per block,
-proven equal to :class:`pagedprefix.spec.SpecCache` by the stateful tests), and the device state
+proven equal to :class:`pagedprefix.spec.SpecCache` by the stateful tests), its hybrid
+counterpart :class:`HybridBlockManager` (KV-cache groups, equal to
+:class:`pagedprefix.spec.HybridSpecCache`; :func:`create_manager` picks), and the device state
 :class:`BlockTables` and :class:`KVCache` (torch tensors; imported on first use, so the manager
 does not need torch).
 """
@@ -8,12 +10,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pagedprefix.spec import CacheConfig, check_config, is_hybrid
+
 from .block_manager import BlockManager, FreeBlockQueue
+from .hybrid import HybridBlockManager
 
 if TYPE_CHECKING:
     from .device import BlockTables, KVCache
 
-__all__ = ["BlockManager", "BlockTables", "FreeBlockQueue", "KVCache"]
+__all__ = ["BlockManager", "BlockTables", "FreeBlockQueue", "HybridBlockManager", "KVCache", "create_manager"]
+
+
+def create_manager(config: CacheConfig) -> BlockManager | HybridBlockManager:
+    """The manager ``config`` needs: :class:`BlockManager` for the one full-attention group (the
+    default), :class:`HybridBlockManager` for hybrid groups. Raises ``InvalidConfig``."""
+    check_config(config)
+    if is_hybrid(config.groups, config.block_size):
+        return HybridBlockManager.create(config)
+    return BlockManager.create(config)
 
 
 def __getattr__(name: str) -> object:

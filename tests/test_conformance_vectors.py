@@ -130,9 +130,7 @@ def test_impl_passes_every_vector_exactly() -> None:
     report = V.run_vectors(impl, "exact")
     failed = [(r.case_id, r.prop, r.message) for r in report.by_status("fail")]
     assert failed == []
-    hybrid = [c for c in all_cases() if "groups" in c["requires"]]  # impl has no hybrid groups yet
-    assert {r.case_id for r in report.by_status("skip")} == {c["id"] for c in hybrid}
-    assert len(report.by_status("pass")) == len(all_cases()) - len(hybrid)
+    assert len(report.by_status("pass")) == len(all_cases())
 
 
 class NoForkNoKeys:
