@@ -7,10 +7,10 @@ process, taking turns round by round, CPU seconds, the ratio of medians asserted
 
 Geometry: gpt-oss-like, ``full(16) + sliding(128, 16)`` (A = h = 16), replay retention; the
 single-group side is today's ``BlockManager`` with ``block_size=16``; both pools have 4,096
-blocks (the sliding group holds at most its window of a decoding request). Per op the hybrid side does the work
-of two groups (two tables, two key selections per block, the sliding group's lookup checks and its
-window release on every decode), so it cannot match the single group; the gate says it costs at
-most 4x (target), and that its ops/s do not depend on the pool size.
+blocks (the sliding group holds at most its window of a decoding request). Per op the hybrid side
+does the work of two groups (two tables, two key selections per block, the sliding group's lookup
+checks and its window release on every decode), so it cannot match the single group; the gate
+says it costs at most 4x (target), and that its ops/s do not depend on the pool size.
 
 Gates (target; quick mode gates at half):
 - hybrid cycles >= 1/4 of the single-group ops/s;

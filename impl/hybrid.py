@@ -619,7 +619,7 @@ class HybridBlockManager:
         """Keyed blocks no lookup can reach because a sibling group's need-set block for the same
         boundary is gone (the spec's definition, :meth:`HybridSpecCache.orphans`)."""
         prefixes: dict[bytes, tuple[list[bytes], int]] = {}
-        for b, origin in enumerate(self._origin):
+        for origin in self._origin:
             if origin is not None and origin[1] % self.align == 0:
                 fine, length = origin
                 prefixes.setdefault(fine[length // self.h - 1], origin)

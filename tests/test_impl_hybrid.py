@@ -18,12 +18,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hybrid_support import apply, hybrid_configs, next_op
 from hypothesis import settings
 from hypothesis import strategies as st
 from pagedprefix.impl import HybridBlockManager, create_manager
 from pagedprefix.spec import CacheConfig, HybridSpecCache, create_cache, full, sliding
-
-from hybrid_support import apply, hybrid_configs, next_op
 
 EXAMPLES = int(os.environ.get("HYBRID_STATEFUL_EXAMPLES", "0")) or None
 STEPS = int(os.environ.get("HYBRID_STATEFUL_STEPS", "50"))
