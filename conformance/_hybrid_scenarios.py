@@ -275,7 +275,8 @@ def e5() -> list[Case]:
             "maximal",
             "8.publication",
             f"E5 (HYBRID.md 2.3, vLLM #45238) under {retention}: Mamba + full, B=8. Prompt A of 30 tokens "
-            "keeps the state at 24; a resend in the same step is Deferred, after new_step it hits 24. "
+            "keeps the state at 24; a resend in the same step is Deferred (a lookup says 24: the index "
+            "holds it), after new_step it hits 24. "
             + (
                 "Sibling B sharing 20 tokens gets 0 (no state at 16); its junction retains the state at "
                 "16, so a third request C sharing 16 tokens hits 16."
@@ -285,6 +286,7 @@ def e5() -> list[Case]:
         )
         c.allocate("A", T[:30])
         c.allocate("A2", T[:30])  # Deferred: the state at 24 was written in this step
+        expect_hit(c, T[:30], 24)  # a lookup reports what the index holds: the admission defers on it
         c.new_step()
         expect_hit(c, T[:30], 24)
         sibling = T[:20] + list(range(600, 610))
@@ -471,7 +473,22 @@ def e10() -> list[Case]:
     expect_hit(c, sibling, 16)
     assert spec_of(c).orphans() == 1
     c.allocate("B", sibling)
-    return [c.build()]
+    cases = [c.build()]
+    c = new_case(
+        "e10/dense-block-aligned-resend",
+        hcfg((full(4), sliding(8, 4), mamba(4)), 24, retention="dense"),
+        "core",
+        "8.lookup",
+        "H2 and the len - 1 cap with every group cached to the end: a resend of a block-aligned 16-token "
+        "prompt (dense: full 0-3, the SWA tail and the state at 16 all kept) still resumes at 12, so the "
+        "last token is computed.",
+    )
+    c.allocate("A", T[:16])
+    c.new_step()
+    expect_hit(c, T[:16], 12)
+    c.allocate("B", T[:16])
+    cases.append(c.build())
+    return cases
 
 
 # ----- HYBRID.md section 7.3 -------------------------------------------------------------------
@@ -490,7 +507,21 @@ def admission_hits_at_the_head() -> list[Case]:
     c.allocate("a", T[:16])
     c.free("a")
     c.allocate("b", T[:17])
-    return [c.build()]
+    cases = [c.build()]
+    c = new_case(
+        "h7/refused-admission-changes-nothing",
+        hcfg((full(4), sliding(8, 4)), 8, retention="dense"),
+        "core",
+        "8.admission",
+        "H5/H7: an admission whose hits are every free block but which needs more new blocks than remain "
+        "is refused with OutOfBlocks, and no hit is touched, in any group.",
+    )
+    c.allocate("a", T[:16])
+    c.free("a")
+    c.allocate("b", T[:40])
+    c.allocate("b", T[:17])
+    cases.append(c.build())
+    return cases
 
 
 def window_decodes() -> list[Case]:

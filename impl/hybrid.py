@@ -300,6 +300,23 @@ class HybridBlockManager:
         else:
             self._free.append(b)
 
+    def _release_batch(self, blocks: Sequence[int]) -> None:
+        """The spec's release batch: unkeyed blocks (``unhashed_to_head``) prepended in release
+        order, the others appended in release order."""
+        ref, hashes, free = self._ref, self._hash, self._free
+        head: list[int] = []
+        for b in blocks:
+            r = ref[b] - 1
+            ref[b] = r
+            if r:
+                continue
+            if self._u2h and hashes[b] is None:
+                head.append(b)
+            else:
+                free.append(b)
+        for b in reversed(head):
+            free.appendleft(b)
+
     def _register(self, rid: RequestId, request: _HRequest, g: int, j: int) -> None:
         b = request.tables[g][j]
         assert b is not None
@@ -350,14 +367,16 @@ class HybridBlockManager:
             B = self.groups[g].block_size
             running = num_entries(self.groups[g], n) - 1
             table = request.tables[g]
+            batch: list[int] = []
             for j in sorted(entries, reverse=True):
                 if j == running:
                     continue
                 b = table[j]
                 assert b is not None
                 table[j] = None
-                self._release(b)
+                batch.append(b)
                 out.append((g, (j + 1) * B, b))
+            self._release_batch(batch)
         return tuple(sorted(out))
 
     # ----- checks -------------------------------------------------------------------------------
@@ -438,26 +457,29 @@ class HybridBlockManager:
         return HybridAllocation(hit, _frozen(tables), released)
 
     def _release_skipped(self, request: _HRequest, settled: int) -> None:
-        """Release each group's held entries outside its need set at ``settled``, newest first."""
+        """Release each group's held entries outside its need set at ``settled``, newest first,
+        one batch per group."""
         for g, group in enumerate(self.groups):
             table = request.tables[g]
+            batch: list[int] = []
             if self._mamba[g]:
                 running = num_entries(group, settled) - 1
-                held = [j for j in range(request.low[g], len(table)) if table[j] is not None and j != running]
-                for j in reversed(held):
+                for j in range(len(table) - 1, request.low[g] - 1, -1):
                     b = table[j]
-                    assert b is not None
-                    table[j] = None
-                    self._release(b)
+                    if b is not None and j != running:
+                        table[j] = None
+                        batch.append(b)
                 request.low[g] = max(request.low[g], running)
-                continue
-            first = need_set(group, settled).start
-            for j in range(first - 1, request.low[g] - 1, -1):
-                b = table[j]
-                if b is not None:
-                    table[j] = None
-                    self._release(b)
-            request.low[g] = max(request.low[g], first)
+            else:
+                first = need_set(group, settled).start
+                for j in range(first - 1, request.low[g] - 1, -1):
+                    b = table[j]
+                    if b is not None:
+                        table[j] = None
+                        batch.append(b)
+                request.low[g] = max(request.low[g], first)
+            if batch:
+                self._release_batch(batch)
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> HybridAppendResult:
         """Extend a request by decoded ``tokens`` (the spec's rules: the release stands even on
@@ -549,14 +571,10 @@ class HybridBlockManager:
                     self._unkey(b)
         if self.config.group_free_order == "group_major":
             for table in request.tables:
-                for b in reversed(table):
-                    if b is not None:
-                        self._release(b)
+                self._release_batch([b for b in reversed(table) if b is not None])
         else:
-            for table in reversed(request.tables):
-                for b in reversed(table):
-                    if b is not None:
-                        self._release(b)
+            order = [b for table in reversed(request.tables) for b in reversed(table)]
+            self._release_batch([b for b in order if b is not None])
 
     def new_step(self) -> None:
         """Publish the recurrent states keyed so far (O(pending))."""
@@ -617,26 +635,47 @@ class HybridBlockManager:
 
     def orphans(self) -> int:
         """Keyed blocks no lookup can reach because a sibling group's need-set block for the same
-        boundary is gone (the spec's definition, :meth:`HybridSpecCache.orphans`)."""
-        prefixes: dict[bytes, tuple[list[bytes], int]] = {}
+        boundary is gone (the spec's definition, :meth:`HybridSpecCache.orphans`).
+
+        The boundary prefixes (cached blocks ending at a multiple of ``A``, one per distinct
+        prefix) are grouped by the fine chain they were keyed from; per chain and group one pass of
+        cached flags and prefix sums decides each prefix in O(1), and difference arrays mark the
+        need-set entries of complete and of stranded prefixes: O(entries of the chains).
+        """
+        first_origin: dict[bytes, Origin] = {}
         for origin in self._origin:
             if origin is not None and origin[1] % self.align == 0:
                 fine, length = origin
-                prefixes.setdefault(fine[length // self.h - 1], origin)
+                first_origin.setdefault(fine[length // self.h - 1], origin)
+        chains: dict[int, tuple[list[bytes], list[int]]] = {}
+        for fine, length in first_origin.values():
+            chains.setdefault(id(fine), (fine, []))[1].append(length)
         reachable: set[bytes] = set()
         stranded: set[bytes] = set()
-        index = self._index
-        for fine, length in prefixes.values():
-            per_group = [
-                [self._key(fine, g, j) for j in need_set(group, length)]
-                for g, group in enumerate(self.groups)
-            ]
-            intact = [all(k in index for k in keys) for keys in per_group]
-            for keys, ok in zip(per_group, intact):
-                if all(intact):
-                    reachable.update(keys)
-                elif ok:
-                    stranded.update(keys)
+        for fine, lengths in chains.values():
+            top = max(lengths)
+            entries = [top // g.block_size for g in self.groups]
+            sums = [self._cached_sums(fine, g, entries[g]) for g in range(len(self.groups))]
+            reach = [[0] * (n + 1) for n in entries]
+            strand = [[0] * (n + 1) for n in entries]
+            for length in lengths:
+                needs = [need_set(group, length) for group in self.groups]
+                intact = [sums[g][r.stop] - sums[g][r.start] == len(r) for g, r in enumerate(needs)]
+                complete = all(intact)
+                for g, r in enumerate(needs):
+                    marks = reach[g] if complete else strand[g] if intact[g] else None
+                    if marks is not None and len(r):
+                        marks[r.start] += 1
+                        marks[r.stop] -= 1
+            for g in range(len(self.groups)):
+                on_reach = on_strand = 0
+                for j in range(entries[g]):
+                    on_reach += reach[g][j]
+                    on_strand += strand[g][j]
+                    if on_reach:
+                        reachable.add(self._key(fine, g, j))
+                    elif on_strand:
+                        stranded.add(self._key(fine, g, j))
         return sum(len(self._copies(k)) for k in stranded - reachable)
 
     def snapshot(self) -> HybridSnapshot:

@@ -51,6 +51,11 @@ The rules, each mirroring vLLM 0.33.0 (HYBRID.md section 7.1):
   (reported as a copy); it raises ``OutOfBlocks`` when those blocks are not free.
 - **free** drops the request's pending keys, then releases by ``group_free_order``:
   ``group_major`` (each table reversed, group by group) or ``reversed_concat``.
+- **Release batches.** Blocks released together — a group's out-of-window entries, a group's
+  checkpoints, a group's table on ``free`` (all tables at once under ``reversed_concat``) — join the
+  free_block_queue as one batch, as vLLM's ``BlockPool.free_blocks`` does: unkeyed ones (under
+  ``unhashed_to_head``) prepended in release order, so the first released is popped first; keyed
+  ones appended in release order.
 
 Left out (SEMANTICS.md section 8): EAGLE/MTP lookahead, partial (sub-``A``) hits, retention
 intervals > 0, connectors, chunked prefill, page-size unification; and, in this spec,
@@ -351,6 +356,24 @@ class HybridSpecCache:
         else:
             self.free_block_queue.append(b)
 
+    def _release_batch(self, blocks: Sequence[int]) -> None:
+        """Release blocks that leave together (one ``BlockPool.free_blocks`` call in vLLM: a
+        group's window entries, a group's table on ``free``): each one reference fewer; those
+        reaching 0 join the queue as one batch, in order — the unkeyed ones (under
+        ``unhashed_to_head``) at the head, so the first released is popped first, the others at the
+        tail. A batch of one is :meth:`_release`; the single-group cache never releases two unkeyed
+        blocks at once, so the two readings of "goes to the head" agree there."""
+        head: list[int] = []
+        tail: list[int] = []
+        for b in blocks:
+            assert self.blocks[b].ref_cnt >= 1
+            self.blocks[b].ref_cnt -= 1
+            if self.blocks[b].ref_cnt == 0:
+                unkeyed = self.blocks[b].block_hash is None
+                (head if unkeyed and self.config.free_order == "unhashed_to_head" else tail).append(b)
+        self.free_block_queue[:0] = head
+        self.free_block_queue.extend(tail)
+
     def _register(
         self, rid: RequestId, request: HybridRequest, fine: Sequence[bytes], g: int, j: int
     ) -> None:
@@ -433,16 +456,18 @@ class HybridSpecCache:
     def _release_checkpoints(
         self, request: HybridRequest, popped: Sequence[Sequence[int]]
     ) -> tuple[Checkpoint, ...]:
-        """Release the checkpoint entries ``popped[g]`` (keyed, evictable), newest first, group by
-        group; their entries become ``None``. Returns them as ``(group, num_tokens, block)``."""
+        """Release the checkpoint entries ``popped[g]`` (keyed, evictable), newest first, one batch
+        per group; their entries become ``None``. Returns them as ``(group, num_tokens, block)``."""
         out: list[Checkpoint] = []
         for g, entries in enumerate(popped):
+            batch: list[int] = []
             for j in sorted(entries, reverse=True):
                 b = request.tables[g][j]
                 assert b is not None
                 request.tables[g][j] = None
-                self._release(b)
+                batch.append(b)
                 out.append((g, (j + 1) * self.groups[g].block_size, b))
+            self._release_batch(batch)
         return tuple(sorted(out))
 
     # ----- checks shared by operations --------------------------------------------------------
@@ -532,18 +557,20 @@ class HybridSpecCache:
 
     def _release_skipped(self, request: HybridRequest, settled: int) -> None:
         """Release every held entry wholly outside each group's need set at ``settled`` tokens,
-        group by group, newest first (vLLM ``remove_skipped_blocks``)."""
+        group by group, newest first, one batch per group (vLLM ``remove_skipped_blocks``)."""
         for g, group in enumerate(self.groups):
             table = request.tables[g]
             if group.kind == "mamba":
                 outside = [j for j in range(len(table)) if j not in need_set(group, settled)]
             else:
                 outside = list(range(need_set(group, settled).start))
+            batch: list[int] = []
             for j in reversed(outside):
                 b = table[j]
                 if b is not None:
                     table[j] = None
-                    self._release(b)
+                    batch.append(b)
+            self._release_batch(batch)
 
     def _needs_cow(self, request: HybridRequest, g: int) -> bool:
         """Whether the next write of attention group ``g`` goes to a shared partial last block."""
@@ -654,13 +681,12 @@ class HybridSpecCache:
         rid, request = self._check_live_id(request_id)
         del self.requests[rid]
         self._drop_pending(rid)
-        if self.config.group_free_order == "group_major":
-            order = [b for table in request.tables for b in reversed(table)]
-        else:
-            order = list(reversed([b for table in request.tables for b in table]))
-        for b in order:
-            if b is not None:
-                self._release(b)
+        if self.config.group_free_order == "group_major":  # one batch per group (coordinator.free)
+            batches = [[b for b in reversed(table) if b is not None] for table in request.tables]
+        else:  # one batch of every table concatenated and reversed (pop_blocks_for_free)
+            batches = [[b for b in reversed([b for table in request.tables for b in table]) if b is not None]]
+        for batch in batches:
+            self._release_batch(batch)
 
     def new_step(self) -> None:
         """A scheduler step boundary: the recurrent states keyed so far are written, so their keys

@@ -30,8 +30,8 @@ LOOKUPS: dict[str, list[int]] = {
     "hybrid/e3/different-block-sizes": [24],
     "hybrid/e4/sibling-below-the-tail/replay": [0, 24],
     "hybrid/e4/sibling-below-the-tail/dense": [24, 24],
-    "hybrid/e5/mamba-three-sightings/replay": [24, 0, 16],
-    "hybrid/e5/mamba-three-sightings/dense": [24, 16, 16],
+    "hybrid/e5/mamba-three-sightings/replay": [24, 24, 0, 16],
+    "hybrid/e5/mamba-three-sightings/dense": [24, 24, 16, 16],
     "hybrid/e5/abort-before-new-step": [0, 24],
     "hybrid/e6/chunked-local": [20, 16],
     "hybrid/e6/chunked-alone-needs-nothing": [16],
@@ -65,8 +65,8 @@ def test_every_worked_example_keeps_its_numbers() -> None:
 def test_e5_defers_a_same_step_state_and_e9_e10_count_orphans() -> None:
     found = cases()
     e5 = found["hybrid/e5/mamba-three-sightings/replay"]["steps"]
-    assert [s["expect"]["error"] for s in e5[:3]] == [None, "Deferred", None]
-    assert [s["op"] for s in e5[:3]] == ["allocate", "allocate", "new_step"]
+    assert [s["expect"]["error"] for s in e5[:4]] == [None, "Deferred", None, None]
+    assert [s["op"] for s in e5[:4]] == ["allocate", "allocate", "lookup", "new_step"]
     e10 = found["hybrid/e10/block-aligned-cap"]["steps"]
     assert [s["expect"]["orphans"] for s in e10] == [1, 1, 1, 0]  # B's junction (32) keeps the tail at 32
     assert found["hybrid/e9/dsv4-replay-collapse"]["steps"][-1]["expect"]["orphans"] == 26

@@ -226,8 +226,10 @@ def test_append_releases_out_of_window_entries_newest_first() -> None:
     assert cache.free_blocks() == (5, 6, 7, 1, 2)
     cache.append("a", [1] * 8)  # settled 23: entry 3 to the head; entries 6, 7 pop 3 and 5
     assert cache.block_tables("a") == ((None, None, None, None, 0, 4, 3, 5),)
-    cache.append("a", [1])  # settled 31: entries 4 and 5 go, newest first (each to the head)
-    assert cache.free_blocks() == (0, 4, 6, 7, 1, 2)
+    # settled 31: entries 5 and 4 go as one batch, newest first, to the head in that order: the
+    # newest is popped first (vLLM's BlockPool.free_blocks prepends the batch as it is ordered)
+    cache.append("a", [1])
+    assert cache.free_blocks() == (4, 0, 6, 7, 1, 2)
 
 
 def test_released_entries_stand_when_append_is_refused() -> None:
@@ -239,9 +241,9 @@ def test_released_entries_stand_when_append_is_refused() -> None:
     assert cache.block_tables("a") == ((None, None, None, 3),)  # the release stands
     assert cache.block_tables("c") == ((0, 1, 2, 3),)
     assert [cache.ref_cnt(b) for b in range(4)] == [1, 1, 1, 2]
-    cache.free("c")  # 2 (keyed: the tail at 12) to the tail, then 1 and 0 (unkeyed) to the head
-    assert cache.free_blocks() == (0, 1, 2)
-    assert cache.append("a", [1]).block_tables == ((None, None, None, 3, 0),)
+    cache.free("c")  # one batch 3, 2, 1, 0: 2 (keyed: the tail at 12) to the tail, 1, 0 to the head
+    assert cache.free_blocks() == (1, 0, 2)
+    assert cache.append("a", [1]).block_tables == ((None, None, None, 3, 1),)
 
 
 def test_fork_copies_the_mamba_running_state() -> None:
