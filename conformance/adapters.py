@@ -20,10 +20,9 @@ from pagedprefix.spec import (
     Extras,
     RequestId,
     create_cache,
-    is_hybrid,
 )
 
-from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
+from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter
 
 
 class SpecShaped(Protocol):

@@ -67,6 +67,8 @@ class HReq:
     extras: Extras
     tables: Tables
     idents: list[int] = field(default_factory=list)
+    hit: int = 0
+    """The admission's hit: entries it skipped were never computed by this request."""
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Seen:
     step: int
     admission: bool
     junction: int = 0
+    hit: int = 0
 
 
 def _common(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
@@ -118,7 +121,7 @@ class HybridJudge(Judge):
         self.live: dict[RequestId, HReq] = {}  # type: ignore[assignment]
         self.data: dict[int, BlockData] = {}
         self.written_in_step: set[int] = set()
-        self.written_by: dict[RequestId, set[int]] = {}
+        self.writer: dict[int, RequestId] = {}  # block -> who wrote its state in this step
         self.aborted: set[int] = set()
         self.step_index = 0
         self.seen: list[Seen] = []
@@ -215,7 +218,7 @@ class HybridJudge(Judge):
         self.data[b] = BlockData(g, state=ident)
         self.aborted.discard(b)
         self.written_in_step.add(b)
-        self.written_by.setdefault(writer, set()).add(b)
+        self.writer[b] = writer
 
     def _write_positions(
         self,
@@ -437,14 +440,15 @@ class HybridJudge(Judge):
             rid = step["request_id"]
             del self.live[rid]
             if any(self.groups[g].kind == "mamba" for g in range(len(self.groups))):
-                for b in self.written_by.pop(rid, set()):  # aborted before its step: never written
+                for b in [b for b, w in self.writer.items() if w == rid]:  # aborted: never written
+                    del self.writer[b]
                     if b in self.data and self.data[b].state is not None:
                         self.data[b].state = None
                         self.aborted.add(b)
                 self.seen = [s for s in self.seen if not (s.rid == rid and s.step == self.step_index)]
         elif op == "new_step":
             self.written_in_step.clear()
-            self.written_by.clear()
+            self.writer.clear()
             self.step_index += 1
         elif op == "lookup":
             self._check_boundary(int(result["num_computed_tokens"]), len(step["tokens"]), what)
@@ -481,6 +485,7 @@ class HybridJudge(Judge):
         self._check_boundary(hit, n, what)
         self._check_shape(tables, n, what)
         req = self._new_req(tokens, extras_from_json(step.get("extras")), tables)
+        req.hit = hit
         self._check_own_blocks(tables, hit, what)
         for g, group in enumerate(self.groups):
             for j in need_set(group, hit):
@@ -601,9 +606,12 @@ class HybridJudge(Judge):
         for g, group in enumerate(self.groups):
             if group.kind != "mamba":
                 continue
+            at_end = old_len % group.block_size == 0  # the old running state already fills its entry
             for j, b in enumerate(tables[g]):
-                # the old running entry (advanced to its end, or updated in place) and every new one
-                if b is not None and j >= len(old[g]) - 1:
+                # every new entry, and the old running one unless it already held its entry's end
+                # state and the running state moved on (then nothing rewrites it)
+                moved_on = j == len(old[g]) - 1 and j < len(tables[g]) - 1 and at_end
+                if b is not None and j >= len(old[g]) - 1 and not moved_on:
                     self._write_state(holders, rid, b, g, self._expected_state(req, g, j), "its state")
         self._write_checkpoints(holders, rid, req, result, old_len, what)
         grown = sum(len(t) for t in tables) - sum(len(t) for t in old)
@@ -617,7 +625,9 @@ class HybridJudge(Judge):
         tables = {rid: t for rid, t in obs["group_tables"]}.get(child_id)
         if tables is None:
             self.fail(H6, f"{what}: the child is not live")
-        child = HReq(list(parent.tokens), parent.extras, [list(t) for t in tables], list(parent.idents))
+        child = HReq(
+            list(parent.tokens), parent.extras, [list(t) for t in tables], list(parent.idents), parent.hit
+        )
         self._check_shape(child.tables, len(child.tokens), what)
         self.live[child_id] = child
         for src, dst in (tuple(c) for c in result.get("copies", [])):
@@ -719,7 +729,9 @@ class HybridJudge(Judge):
         if admission and any(g.kind == "full" for g in self.groups):
             full = self._full_bound(req.tokens, req.extras)
             junction = full if full > hit else 0
-        self.seen.append(Seen(tuple(req.tokens), req.extras, rid, self.step_index, admission, junction))
+        self.seen.append(
+            Seen(tuple(req.tokens), req.extras, rid, self.step_index, admission, junction, req.hit)
+        )
 
     def _usable(self, seen: Seen) -> bool:
         has_mamba = any(g.kind == "mamba" for g in self.groups)
@@ -748,8 +760,10 @@ class HybridJudge(Judge):
             if s.extras != extras or not self._usable(s):
                 continue
             q = _common(s.tokens, tokens)
-            if dense:
-                best = max(best, min(q, len(s.tokens), n - 1) // self.A * self.A)
+            if dense:  # every boundary the sequence settled past its own hit is keyed
+                b = min(q, len(s.tokens), n - 1) // self.A * self.A
+                if b >= s.hit:
+                    best = max(best, b)
                 continue
             if s.admission:
                 r = replay_boundary(len(s.tokens), self.A)

@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from pagedprefix.spec import CacheConfig
+from pagedprefix.spec import CacheConfig, PrefixCacheError, hash_granularity, is_hybrid
 
 from .codec import Json
 from .driver import Outcome, Step, describe_step
@@ -81,7 +81,14 @@ def model_config_for(config: CacheConfig, caps: Capabilities) -> CacheConfig:
     policy when it claims one that differs from the config's (it is judged by what it claims)."""
     if not caps.claims_policy_of(config) and caps.claims_a_spec_policy():
         assert caps.dedup_on_full is not None
-        return replace(config, free_order=caps.free_order, dedup_on_full=caps.dedup_on_full)
+        hybrid = is_hybrid(config.groups, config.block_size)
+        dedup = False if hybrid else caps.dedup_on_full  # no dedup_on_full with hybrid groups
+        config = replace(config, free_order=caps.free_order, dedup_on_full=dedup)
+        if hybrid:
+            if caps.retention in ("replay", "dense"):
+                config = replace(config, retention=caps.retention)
+            if caps.group_free_order in ("group_major", "reversed_concat"):
+                config = replace(config, group_free_order=caps.group_free_order)
     return config
 
 
@@ -92,7 +99,7 @@ def replay(
     violation. A config the engine does not support replays as "no violation"."""
     try:
         adapter = build_adapter(factory, config)
-    except UnsupportedConfig:
+    except (UnsupportedConfig, PrefixCacheError):  # a candidate config the engine rejects
         return Replay(None, [], [], None)
     try:
         model = SpecModel(model_config_for(config, adapter_capabilities(adapter)))
@@ -185,6 +192,9 @@ class Shrinker:
         c = self.config
         for n in range(self.caps.min_blocks, c.num_blocks):
             yield replace(c, num_blocks=n)
+        if c.groups is not None and is_hybrid(c.groups, c.block_size):
+            yield from self._simpler_groups()
+            return
         sizes = self.caps.block_sizes or tuple(range(1, c.block_size))
         for b in sizes:
             if b < self.config.block_size:
@@ -193,6 +203,19 @@ class Shrinker:
             yield replace(self.config, free_order=DEFAULT_POLICY[0], dedup_on_full=DEFAULT_POLICY[1])
         if self.config.hash_algo != "sha256" or self.config.verify_tokens:
             yield replace(self.config, hash_algo="sha256", verify_tokens=False)
+
+    def _simpler_groups(self) -> Iterator[CacheConfig]:
+        """A hybrid config with one group fewer (its block size the new gcd), then the default
+        retention and group free order."""
+        groups = self.config.groups or ()
+        for i in range(len(groups)):
+            fewer = groups[:i] + groups[i + 1 :]
+            if fewer:
+                cand = replace(self.config, groups=fewer, block_size=hash_granularity(fewer))
+                if self.caps.supports_groups(cand) and is_hybrid(cand.groups, cand.block_size):
+                    yield cand
+        if self.config.retention != "replay" or self.config.group_free_order != "group_major":
+            yield replace(self.config, retention="replay", group_free_order="group_major")
 
     def merge_appends(self) -> bool:
         improved = False

@@ -310,6 +310,8 @@ class VectorRunReport:
     results: list[CaseResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    orphans: dict[str, int] = field(default_factory=dict)
+    """Per hybrid case that ran, the most orphans its spec expectations show (a diagnostic)."""
 
     def by_status(self, status: str) -> list[CaseResult]:
         return [r for r in self.results if r.status == status]
@@ -390,7 +392,8 @@ def run_case(
     except PrefixCacheError as exc:
         kind = error_kind(exc)
         if "groups" in case.get("requires", []):  # an engine that does not know hybrid groups
-            return CaseResult(case_id, group, "skip", message=f"needs groups (the factory raised {kind}: {exc})")
+            message = f"needs groups (the factory raised {kind}: {exc})"
+            return CaseResult(case_id, group, "skip", message=message)
         return CaseResult(
             case_id, group, "fail", "error-kinds", f"factory raised {kind} for a valid config: {exc}"
         )
@@ -491,7 +494,11 @@ def run_vectors(
     done = 0
     for vf in files:
         for case in vf.cases:
-            report.results.append(run_case(factory, case, profile, vf.group, caps))
+            result = run_case(factory, case, profile, vf.group, caps)
+            report.results.append(result)
+            if result.status != "skip" and "groups" in case.get("requires", []):
+                seen = [s["expect"].get("orphans", 0) for s in case.get("steps", []) if isinstance(s, dict)]
+                report.orphans[result.case_id] = max(seen, default=0)
             done += 1
             if progress is not None:
                 progress(done, total)
