@@ -8,6 +8,8 @@ Examples::
     pagedprefix replay --trace my_trace.jsonl.gz --strict --limit 500 --engine spec
     pagedprefix replay --limit 300 --num-blocks 4096 --max-output 128 --check-spec --repro div.json
     pagedprefix replay --engine pagedprefix.conformance.adapters:impl --check-spec --limit 300
+    pagedprefix replay --groups 'full(16)+sliding(128,16)' --retention replay,dense \
+        --num-blocks 2000,8000,32000 --plot hybrid.png          # gpt-oss-like hybrid groups
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pagedprefix.spec import InvalidConfig, PrefixCacheError
+from pagedprefix.spec import InvalidConfig, PrefixCacheError, hash_granularity, parse_groups
+from pagedprefix.spec.groups import check_groups
 from rich.console import Console
 
 from .cli_common import (
@@ -52,6 +55,11 @@ _H_CHECK = "run the spec in lockstep and stop at the first divergence"
 _H_REPRO = "where --check-spec saves the reproduction of a divergence (JSON)"
 _H_PLOT = "write the hit-rate-vs-capacity curve as PNG (needs matplotlib)"
 _H_PROGRESS = "progress bar (default: on a terminal, for long runs)"
+_H_GROUPS = ("hybrid KV-cache groups over the one pool, e.g. 'full(16)+sliding(128,16)' (gpt-oss-like); "
+             "also chunked(C,B), mamba(B); the block size is then their gcd")
+_H_RETENTION = ("with --groups: replay (default), dense, or both as 'replay,dense' (which sliding-window "
+                "tails and Mamba states are kept)")
+RETENTION_CHOICES = ("replay", "dense")
 
 
 def replay_command(
@@ -73,6 +81,8 @@ def replay_command(
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help=_H_PLOT)] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=_H_PROGRESS)] = None,
+    groups: Annotated[str | None, typer.Option("--groups", help=_H_GROUPS)] = None,
+    retention: Annotated[str, typer.Option("--retention", help=_H_RETENTION)] = "replay",
 ) -> None:
     """Replay a request trace through a prefix cache and report hit rates, evictions and peak usage."""
     console = Console(stderr=True)
@@ -81,10 +91,16 @@ def replay_command(
         out = Console(width=160)
     # Everything that can be checked before the work starts: options, outputs, dependencies.
     capacities = parse_capacities(num_blocks)
-    configs = [ReplayConfig(block_size=block_size, num_blocks=cap, max_running=max_running,
-                            decode_chunk=decode_chunk, max_output=max_output, samples=samples,
-                            step_ms=step_ms, hash_algo=hash_algo) for cap in capacities]
     try:
+        hybrid = None if groups is None else parse_groups(groups)
+        retentions = parse_retentions(retention, hybrid is not None)
+        if hybrid is not None:
+            check_groups(hybrid, hash_granularity(hybrid))
+            block_size = hash_granularity(hybrid)
+        configs = [ReplayConfig(block_size=block_size, num_blocks=cap, max_running=max_running,
+                                decode_chunk=decode_chunk, max_output=max_output, samples=samples,
+                                step_ms=step_ms, hash_algo=hash_algo, groups=hybrid, retention=ret)
+                   for ret in retentions for cap in capacities]
         for config in configs:
             config.validate()
     except InvalidConfig as exc:
@@ -120,6 +136,8 @@ def replay_command(
     for config in configs:
         cap = config.num_blocks
         label = f"{'unbounded' if cap is None else cap} blocks"
+        if config.groups is not None:
+            label += f", {config.retention}"
         try:
             with _progress(show, console, label, len(loaded)) as update:
                 result = run_replay(loaded.requests, config, factory, engine_name=engine, trace_name=trace,
@@ -137,7 +155,8 @@ def replay_command(
     if check_spec and divergence is None:
         ops = sum(r.operations for r in results)
         out.print(f"check-spec: {ops} operations agree with the spec")
-    drops = monotonicity_violations(results)
+    drops = [d for ret in sorted({r.retention for r in results})
+             for d in monotonicity_violations([r for r in results if r.retention == ret])]
     for a, b, ra, rb in drops:
         out.print(f"note: token hit rate drops from {ra:.4f} at {a} blocks to {rb:.4f} at {b} blocks")
     _write_outputs(results, csv_path, json_path, plot)
@@ -150,6 +169,17 @@ def replay_command(
         console.print(f"reproduction ({divergence.op_index + 1} operations) saved to {path}",
                       markup=False, highlight=False)
         raise typer.Exit(1)
+
+
+def parse_retentions(text: str, hybrid: bool) -> list[str]:
+    """``replay``, ``dense`` or ``replay,dense`` (a sweep of both); only with ``--groups``.
+    Raises :class:`InvalidConfig`."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in RETENTION_CHOICES for n in names) or len(set(names)) != len(names):
+        raise InvalidConfig(f"--retention: expected replay, dense or replay,dense, got {text!r}")
+    if not hybrid and names != ["replay"]:
+        raise InvalidConfig("--retention needs --groups (a single full-attention group keeps every block)")
+    return names
 
 
 def _report_bad_lines(console: Console, trace: str, bad_lines: list[BadLine]) -> None:

@@ -51,8 +51,9 @@ EngineFactory = Callable[[CacheConfig], ReplayEngine]
 
 DEFAULT_ENGINE = "impl"
 SHORT_NAMES: dict[str, str] = {
-    "impl": "pagedprefix.impl:BlockManager.create",
-    "spec": "pagedprefix.spec:SpecCache.create",
+    # create_manager / create_cache: the single-group engines, or the hybrid ones for --groups
+    "impl": "pagedprefix.impl:create_manager",
+    "spec": "pagedprefix.spec:create_cache",
     "radix": "pagedprefix.impl.radix:RadixCache.create",
     # The engines' own caches (pagedprefix.conformance.engines; the wheels are installed separately).
     "vllm": "pagedprefix.conformance.engines.vllm:vllm",
