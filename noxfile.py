@@ -8,7 +8,9 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench", "engines"]
+nox.options.sessions = [
+    "lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench", "engines", "cluster",
+]
 
 # The CPU build of torch lies on local disk here; pinning it keeps CI from pulling a CUDA build.
 TORCH = os.environ.get("PAGEDPREFIX_TORCH", "torch==2.13.0")
@@ -87,11 +89,31 @@ def tests(session: nox.Session) -> None:
         "pytest",
         "-q",
         "-m",
-        "not kernels and not slow",
+        "not kernels and not slow and not cluster",
         "-p",
         "no:cacheprovider",
         *session.posargs,
         env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")},
+    )
+
+
+@nox.session
+def cluster(session: nox.Session) -> None:
+    """The cluster tests that need the cluster extra (pyzmq and Ray, pinned in pyproject.toml):
+    events over real ZeroMQ PUB/SUB on loopback equal in-process, and a sweep on a local Ray cluster
+    (real GCS, raylet and worker processes, started by the test) equals the local one cell for cell."""
+    install_package(session, "cluster", "plot")
+    session.install(*DEV)
+    session.run(
+        "pytest",
+        "-q",
+        "-m",
+        "cluster",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_cluster_replay.py",
+        "tests/test_cluster_sweep.py",
+        env={"PAGEDPREFIX_REQUIRE_CLUSTER": "1", "RAY_ADDRESS": ""},
     )
 
 

@@ -30,7 +30,9 @@ Gates (target; quick mode gates at half):
   prompt into ``u32`` also validates it and happens once per request, in ``allocate``); the same
   ratio including that parse of a Python list is reported as ``end_to_end_ratio`` (not gated);
 - metadata memory per block at N = 1,000,000 (tracemalloc): a fresh pool <= 32 bytes; every block
-  full and keyed with sha256, in the free queue, index included, <= 192 bytes.
+  full and keyed with sha256, in the free queue, index included, <= 192 bytes;
+- KV-cache events (``BlockManager.create(config, events=True)``, SEMANTICS.md section 9): the same
+  cycles with events recorded (and taken after every round) run at >= 1/1.5 of the speed without.
 """
 
 from __future__ import annotations
@@ -224,6 +226,37 @@ def test_cycles_impl_vs_spec(benchmark: Any) -> None:
         spec_ops_per_s=ops / median["spec"],
     )
     assert ratio >= 30 * GATE, f"impl is {ratio:.1f}x the spec; gate {30 * GATE}x"
+
+
+def test_events_cost(benchmark: Any) -> None:
+    """The cycles with KV-cache events recorded vs without: at least 1/1.5 of the speed (events are
+    opt-in because they are not free: a tuple of tokens per stored run, an object per eviction)."""
+    workload = make_workload(40 if QUICK else 160)
+    caches = {"off": BlockManager.create(config(4096)), "on": BlockManager.create(config(4096), events=True)}
+    taken = {"events": 0}
+    for manager in caches.values():
+        warm(manager, 4096)
+    caches["on"].take_events()
+    rounds_run = {"off": 0, "on": 0}
+
+    def run(name: str) -> Callable[[], int]:
+        def one_round() -> int:
+            rounds_run[name] += 1
+            ops = drive(caches[name], workload, first_id=rounds_run[name] * 10**6)
+            if name == "on":
+                taken["events"] += len(caches[name].take_events())
+            return ops
+
+        return one_round
+
+    ops = run("on")()
+    assert run("off")() == ops and taken["events"] > 0
+    median = interleaved({"off": run("off"), "on": run("on")}, ROUNDS)
+    assert caches["off"].snapshot() == caches["on"].snapshot()
+    slowdown = median["on"] / median["off"]
+    on, off = ops / median["on"], ops / median["off"]
+    record(benchmark, run("on"), slowdown=slowdown, on_ops_per_s=on, off_ops_per_s=off)
+    assert slowdown <= 1.5 / GATE, f"events cost {slowdown:.2f}x; gate {1.5 / GATE}x"
 
 
 # ----- scale: flat in the pool size ------------------------------------------------------------------

@@ -4,10 +4,15 @@
 :data:`~pagedprefix.conformance.protocol.AdapterFactory` values: ``factory(config) -> adapter``.
 Both engines have exactly the spec's API, so one delegating class serves both; they follow the
 policy the config names, reproduce the spec's keys and promise its physical ids (profile ``exact``).
+Both factories also record KV-cache events (capability ``events``: ``create(config, events=True)``),
+numbered in batches by the adapter, one batch per operation that emitted any, as vLLM's publisher
+numbers its scheduler's batches; the suite takes them after every operation. A long replay through
+these factories keeps the events it never takes: replay ``impl`` (``BlockManager.create``) instead.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
@@ -19,8 +24,11 @@ from pagedprefix.spec import (
     CacheConfig,
     Extras,
     RequestId,
+    SpecCache,
     create_cache,
+    is_hybrid,
 )
+from pagedprefix.spec.events import Event, EventBatch, GroupKey
 
 from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter
 
@@ -49,9 +57,11 @@ class SpecCacheShaped(SpecShaped, Protocol):
     def request_ids(self) -> tuple[RequestId, ...]: ...
 
 
-def spec_capabilities(config: CacheConfig, groups: bool = True) -> Capabilities:
+def spec_capabilities(config: CacheConfig, groups: bool = True, events: bool = False) -> Capabilities:
     """What an engine with the spec's API and semantics declares under ``config`` (``groups``:
-    it runs hybrid KV-cache groups of every kind, following the config's hybrid policies)."""
+    it runs hybrid KV-cache groups of every kind, following the config's hybrid policies;
+    ``events``: it records the spec's KV-cache events, ``take_events`` and ``cached_keys`` — for
+    the one full-attention group only: hybrid caches record no events, SEMANTICS.md section 9)."""
     return Capabilities(
         keys=True,
         free_order=config.free_order,
@@ -62,6 +72,7 @@ def spec_capabilities(config: CacheConfig, groups: bool = True) -> Capabilities:
         groups=frozenset(GROUP_KINDS) if groups else frozenset(),
         retention=config.retention,
         group_free_order=config.group_free_order,
+        events=events and not is_hybrid(config.groups, config.block_size),
     )
 
 
@@ -71,6 +82,7 @@ class SpecShapedAdapter:
     def __init__(self, cache: SpecShaped, capabilities: Capabilities) -> None:
         self.cache = cache
         self.capabilities = capabilities
+        self.next_seq = 0
 
     def allocate(
         self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
@@ -121,16 +133,34 @@ class SpecShapedAdapter:
     def step(self) -> None:
         return None
 
+    def take_events(self) -> list[EventBatch]:
+        """The engine's events since the last call as one batch numbered 0, 1, … (none if empty)."""
+        events: list[Event] = self.cache.take_events()  # type: ignore[attr-defined]
+        if not events:
+            return []
+        batch = EventBatch(self.next_seq, tuple(events))
+        self.next_seq += 1
+        return [batch]
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        keys: Counter[GroupKey] = self.cache.cached_keys()  # type: ignore[attr-defined]
+        return keys
+
 
 class SpecAdapter(SpecShapedAdapter):
     """The executable spec as an adapter (``create_cache``: the hybrid spec for hybrid groups);
-    ``num_evictions`` is exposed for the runner's model."""
+    ``num_evictions`` is exposed for the runner's model. ``events``: record and declare KV-cache
+    events (single-group configs; the runner's own model does not)."""
 
     cache: SpecCacheShaped
 
-    def __init__(self, config: CacheConfig) -> None:
-        # A HybridSpecCache has the same operations with the hybrid results (protocol.HybridAdapter).
-        super().__init__(cast(SpecCacheShaped, create_cache(config)), spec_capabilities(config))
+    def __init__(self, config: CacheConfig, events: bool = False) -> None:
+        caps = spec_capabilities(config, events=events)
+        if is_hybrid(config.groups, config.block_size):
+            # A HybridSpecCache has the same operations with the hybrid results (protocol.HybridAdapter).
+            super().__init__(cast(SpecCacheShaped, create_cache(config)), caps)
+        else:
+            super().__init__(SpecCache.create(config, events=caps.events), caps)
 
     @property
     def num_evictions(self) -> int:
@@ -138,8 +168,8 @@ class SpecAdapter(SpecShapedAdapter):
 
 
 def spec(config: CacheConfig) -> PrefixCacheAdapter:
-    """Factory of the spec adapter (``pagedprefix.conformance.adapters:spec``)."""
-    return SpecAdapter(config)
+    """Factory of the spec adapter (``pagedprefix.conformance.adapters:spec``), events on."""
+    return SpecAdapter(config, events=True)
 
 
 def impl_block_manager() -> Any:
@@ -164,11 +194,15 @@ def impl_available() -> bool:
 
 
 def impl(config: CacheConfig) -> PrefixCacheAdapter:
-    """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``)."""
-    impl_block_manager()
-    from pagedprefix.impl import create_manager
+    """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``), events on
+    (for the one full-attention group; the hybrid manager records none)."""
+    manager = impl_block_manager()
+    caps = spec_capabilities(config, events=True)
+    if is_hybrid(config.groups, config.block_size):
+        from pagedprefix.impl import create_manager
 
-    return SpecShapedAdapter(cast(SpecShaped, create_manager(config)), spec_capabilities(config))
+        return SpecShapedAdapter(cast(SpecShaped, create_manager(config)), caps)
+    return SpecShapedAdapter(manager.create(config, events=True), caps)
 
 
 RADIX_CAPABILITIES = Capabilities(

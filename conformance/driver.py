@@ -16,8 +16,10 @@ new_step   (none) — a scheduler step boundary (hybrid engines: recurrent state
 
 An *observation* is a JSON object: ``num_free_blocks``; ``tables`` (``[request_id, block_table]``
 for every live request, ints first then strs, each sorted); and, when the adapter declares them,
-``ref_cnt`` (one entry per physical block), ``free_blocks`` (the free_block_queue, head first) and
-``keys`` (``[request_id, [hex key or null per table entry]]``).
+``ref_cnt`` (one entry per physical block), ``free_blocks`` (the free_block_queue, head first),
+``keys`` (``[request_id, [hex key or null per table entry]]``) and, for ``events``, ``cached_keys``
+(``[group, hex key, count]``, sorted) and ``events`` (the batches published since the last
+observation: observing an events engine *takes* its events; :mod:`.event_check`).
 
 For a config with hybrid KV-cache groups (SEMANTICS.md section 8) the tables are
 ``group_tables`` instead (``[request_id, [[block or null, ...] per group]]``, from the adapter's
@@ -38,6 +40,7 @@ from pagedprefix.spec import PrefixCacheError, RequestId
 from pagedprefix.spec.cache import request_sort_key
 
 from .codec import Json, error_kind, extra_kinds_of, extras_from_json
+from .event_check import cached_keys_json, check_events_json, events_json
 from .properties import Violation
 from .protocol import Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
 from .watchdog import EngineHung, describe_exception, exception_summary, guarded
@@ -232,8 +235,14 @@ def observe(
     batch = getattr(adapter, "observe_batch", None)
     if callable(batch):
         ids, with_keys = sorted_ids(live_ids), want_keys and caps.keys
-        got = call_engine("observe", lambda: batch(ids, caps.ref_cnt, caps.free_queue, with_keys))
+        got = call_engine(
+            "observe", lambda: batch(ids, caps.ref_cnt, caps.free_queue, with_keys, events=caps.events)
+        )
         if got is not None:
+            if caps.events:
+                check_events_json(got)
+                got.setdefault("cached_keys", [])
+                got.setdefault("events", [])
             return _checked_observation(got, num_blocks)
     obs: Observation = {"num_free_blocks": call_engine("num_free_blocks()", adapter.num_free_blocks)}
     if hybrid:
@@ -255,6 +264,9 @@ def observe(
             hashes = [call_engine(f"block_hash({b})", lambda b=b: adapter.block_hash(b)) for b in table]
             keys.append([rid, [None if h is None else bytes(h).hex() for h in hashes]])
         obs["keys"] = keys
+    if caps.events:
+        obs["cached_keys"] = cached_keys_json(call_engine("cached_keys()", adapter.cached_keys))  # type: ignore[attr-defined]
+        obs["events"] = events_json(call_engine("take_events()", adapter.take_events))  # type: ignore[attr-defined]
     return _checked_observation(obs, num_blocks)
 
 

@@ -220,7 +220,7 @@ class HybridJudge(Judge):
         self.written_in_step.add(b)
         self.writer[b] = writer
 
-    def _write_positions(
+    def _write_group_positions(
         self,
         holders: dict[int, list[tuple[RequestId, int, int]]],
         rid: RequestId,
@@ -501,7 +501,7 @@ class HybridJudge(Judge):
                 b = tables[g][j]
                 if b is not None and j not in need_set(group, hit):
                     self._check_entry(req, g, j, b, H1, f"{what}: an entry it holds below the hit")
-        self._write_positions(holders, rid, req, hit, set())
+        self._write_group_positions(holders, rid, req, hit, set())
         for g, group in enumerate(self.groups):
             if group.kind == "mamba":
                 for j in range(hit // group.block_size, len(tables[g])):
@@ -602,7 +602,7 @@ class HybridJudge(Judge):
         req.tables = tables
         req.tokens.extend(new_tokens)
         self._extend_idents(req, new_tokens)  # type: ignore[arg-type]
-        self._write_positions(holders, rid, req, old_len, kept)
+        self._write_group_positions(holders, rid, req, old_len, kept)
         for g, group in enumerate(self.groups):
             if group.kind != "mamba":
                 continue
@@ -896,6 +896,13 @@ def judge_for(config: CacheConfig, level: str, disabled: frozenset[str], caps: C
     """The judge of a run: :class:`HybridJudge` for hybrid groups, else :class:`Judge`."""
     from pagedprefix.spec import is_hybrid
 
-    if is_hybrid(config.groups, config.block_size):
+    if is_hybrid(config.groups, config.block_size):  # KV-cache events are judged on one group only
         return HybridJudge(config, level, disabled, caps)
-    return Judge(config, level, disabled, caps.publish_decode)
+    return Judge(
+        config,
+        level,
+        disabled,
+        caps.publish_decode,
+        events=caps.events,
+        publishes_at_operation=caps.publish == "allocation" and caps.publish_decode == "append",
+    )

@@ -20,7 +20,10 @@ import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
+from pagedprefix.spec.events import batch_to_json
+
 from .codec import Json, config_from_json, error_kind, extras_from_json
+from .event_check import cached_keys_json
 from .protocol import AdapterFactory, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from .subprocess_adapter import PROTOCOL, PROTOCOL_VERSION
 
@@ -95,6 +98,8 @@ class Server:
             "spell_extras": lambda: dict(
                 cache.spell_extras(extras_from_json(params.get("extras")))  # type: ignore[attr-defined]
             ),
+            "take_events": lambda: {"batches": self._events(cache)},
+            "cached_keys": lambda: {"cached_keys": cached_keys_json(cache.cached_keys())},  # type: ignore[attr-defined]
         }
         if method not in ops:
             raise ValueError(f"unknown method {method!r}")
@@ -125,11 +130,18 @@ class Server:
             out["free_blocks"] = list(cache.free_blocks())
         if params.get("keys"):
             out["keys"] = [[rid, [Server._hex(cache.block_hash(b)) for b in table]] for rid, table in tables]
+        if params.get("events"):
+            out["cached_keys"] = cached_keys_json(cache.cached_keys())  # type: ignore[attr-defined]
+            out["events"] = Server._events(cache)
         return out
 
     @staticmethod
     def _tables(tables: Any) -> Json:
         return [list(t) for t in tables]
+
+    @staticmethod
+    def _events(cache: PrefixCacheAdapter) -> list[Json]:
+        return [batch_to_json(b) for b in cache.take_events()]  # type: ignore[attr-defined]
 
     @staticmethod
     def _allocation(alloc: Any) -> Json:

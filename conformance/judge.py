@@ -15,7 +15,9 @@ Then:
   someone still held it);
 - after every step, every live request must read its own identities through its table.
 
-Observations the engine declares (``ref_cnt``, ``free_blocks``) add conservation checks. Above
+Observations the engine declares (``ref_cnt``, ``free_blocks``) add conservation checks; an engine
+declaring ``events`` has its event stream checked against its own ``cached_keys()`` by a counting
+subscriber (:class:`~pagedprefix.conformance.event_check.EventChecker`). Above
 ``core``, the spec's observations are compared: ``maximal`` compares hit lengths while no block has
 had to be reused (the spec has taken at most ``num_blocks`` blocks for new content since creation or
 the last reset, so a never-used block was always at hand); ``lru`` compares everything up to one
@@ -26,6 +28,7 @@ run); ``exact`` requires the identity.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +46,7 @@ from pagedprefix.spec.extras import canonical_mm_items
 
 from .codec import Json, error_kind, extras_from_json
 from .driver import Observation, Outcome, Step, describe_step
+from .event_check import EventChecker, Keyed
 from .properties import Violation, at_least
 
 
@@ -126,7 +130,7 @@ class _Kind(Exception):
         self.kind = kind
 
 
-STATE_FIELDS = ("num_free_blocks", "tables", "ref_cnt", "free_blocks")
+STATE_FIELDS = ("num_free_blocks", "tables", "ref_cnt", "free_blocks", "cached_keys")
 
 
 class Judge:
@@ -140,6 +144,11 @@ class Judge:
         publish_decode: the engine's claim of when blocks filled by ``append`` become visible
             (``"append"`` or ``"free"``, :class:`~pagedprefix.conformance.protocol.Capabilities`):
             ``maximal`` expects hits only on what the engine has published by then.
+        events: the engine declares ``events``: observations carry ``events`` and ``cached_keys``,
+            checked by an :class:`EventChecker`.
+        publishes_at_operation: it keys blocks during the operation that fills them
+            (``publish="allocation"``, ``publish_decode="append"``), so the events of an admission
+            or a decode must store exactly that request's newly keyed blocks.
     """
 
     def __init__(
@@ -148,8 +157,14 @@ class Judge:
         level: str,
         disabled: frozenset[str] = frozenset(),
         publish_decode: str = "append",
+        *,
+        events: bool = False,
+        publishes_at_operation: bool = True,
     ) -> None:
         self.config = config
+        self.events = EventChecker(config.block_size, self.fail) if events else None
+        self.publishes_at_operation = publishes_at_operation
+        self._keyed: Keyed | None = None
         self.publish_decode = publish_decode
         self.published: set[int] = set()
         self.pending: dict[RequestId, set[int]] = {}
@@ -242,6 +257,11 @@ class Judge:
         """Check the fresh engine's state (everything free) and pair it with the spec's."""
         self.prev = obs
         self._check_accounting(obs)
+        if self.events is not None:
+            self.events.check(
+                "the engine's creation", obs.get("events"), obs.get("cached_keys"),
+                failed=False, reset=False, keyed=None,
+            )
         if expected is not None and self.policy:
             self._compare_state(obs, expected, "creation")
 
@@ -257,6 +277,7 @@ class Judge:
         before = self.prev
         op = step["op"]
         what = describe_step(step)
+        self._keyed = None
         if outcome.crash is not None:
             self.fail("engine-errors", f"{what} crashed: {outcome.crash}", outcome.trace)
         want = first_error(step, self.live)
@@ -286,6 +307,12 @@ class Judge:
         self._check_contents(step)
         self._check_held(obs)
         self._check_accounting(obs)
+        if self.events is not None:
+            reset = bool(outcome.ok and op == "reset" and (outcome.result or {}).get("reset") is True)
+            self.events.check(
+                what, obs.get("events"), obs.get("cached_keys"),
+                failed=not outcome.ok, reset=reset, keyed=self._keyed,
+            )
         if expected is not None:
             self._compare(step, outcome, obs, expected, what, owed)
         self.prev = obs
@@ -366,21 +393,11 @@ class Judge:
                 state = "was never written" if got is None else "holds KV of other content"
                 self.fail("hit-content", f"{what} hit {h} tokens, but position {p} in block {b} {state}")
         hit_blocks = -(-h // self.B)
-        for p in range(h, len(tokens)):
-            j = p // self.B
-            shared = j < hit_blocks
-            self._write(
-                holders,
-                rid,
-                table[j],
-                p % self.B,
-                req.idents[p],
-                "cow-isolation" if shared else "held-blocks",
-                "a block it hit" if shared else "a block it was given for new tokens",
-            )
+        self._write_positions(holders, rid, req, table, h, lambda j: j < hit_blocks, "a block it hit")
         self.live[rid] = req
         self.engine_pops += len(table) - hit_blocks
         self.published |= self._block_idents(req, 0, len(tokens) // self.B)
+        self._given(req, h // self.B)
 
     def _apply_append(self, step: Step, result: dict[str, Json], what: str) -> None:
         holders = self._holders()
@@ -405,24 +422,50 @@ class Judge:
         req.table = table
         req.tokens.extend(new_tokens)
         self._extend_idents(req, new_tokens)
-        for p in range(old_len, len(req.tokens)):
+        kept = lambda j: j < len(old_table) and old_table[j] == table[j]  # noqa: E731
+        self._write_positions(holders, rid, req, table, old_len, kept, "its shared last block")
+        self.engine_pops += len(table) - len(old_table) + len(copies)
+        self._given(req, full)
+        filled = self._block_idents(req, full, len(req.tokens) // self.B)
+        if self.publish_decode == "append":
+            self.published |= filled
+        else:
+            self.pending.setdefault(rid, set()).update(filled)
+
+    def _write_positions(
+        self,
+        holders: dict[int, list[tuple[RequestId, int]]],
+        rid: RequestId,
+        req: Req,
+        table: list[int],
+        first: int,
+        shared: Callable[[int], bool],
+        shared_why: str,
+    ) -> None:
+        """Record the request's writes of positions ``first ..`` through ``table``; a write into a
+        block it shares (``shared(j)``) breaks ``cow-isolation`` if another request reads the slot,
+        one into a block it was given fresh breaks ``held-blocks``."""
+        for p in range(first, len(req.tokens)):
             j = p // self.B
-            kept = j < len(old_table) and old_table[j] == table[j]
+            mine = shared(j)
             self._write(
                 holders,
                 rid,
                 table[j],
                 p % self.B,
                 req.idents[p],
-                "cow-isolation" if kept else "held-blocks",
-                "its shared last block" if kept else "a block it was given for new tokens",
+                "cow-isolation" if mine else "held-blocks",
+                shared_why if mine else "a block it was given for new tokens",
             )
-        self.engine_pops += len(table) - len(old_table) + len(copies)
-        filled = self._block_idents(req, full, len(req.tokens) // self.B)
-        if self.publish_decode == "append":
-            self.published |= filled
-        else:
-            self.pending.setdefault(rid, set()).update(filled)
+
+    def _given(self, req: Req, first: int) -> None:
+        """For the event checker: the engine now holds ``req``'s tokens, and an engine keying
+        during the operation must have stored its full blocks from ``first`` on."""
+        if self.events is None:
+            return
+        self.events.give(req.tokens)
+        if self.publishes_at_operation:
+            self._keyed = Keyed(tuple(req.tokens), first, len(req.tokens) // self.B)
 
     # ----- publication (what profile maximal may expect to be hit) --------------------------
 

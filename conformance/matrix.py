@@ -47,6 +47,7 @@ MATRIX_ENGINES: tuple[MatrixEngine, ...] = (
     MatrixEngine("spec", "pagedprefix"),
     MatrixEngine("radix", "pagedprefix"),
     MatrixEngine("vllm", "vllm"),
+    MatrixEngine("vllm-events", "vllm"),
     MatrixEngine("sglang", "sglang"),
     MatrixEngine("sglang-unified", "sglang"),
 )

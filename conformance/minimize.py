@@ -4,10 +4,11 @@ The stateful runner hands over the first failing example as Hypothesis generated
 (:class:`Found`). :func:`minimize` then replays edited versions on fresh engines and keeps every
 edit after which the *same property* still fails:
 
-1. drop chunks of steps (halves, quarters, … single steps);
+1. drop chunks of steps (halves, quarters, … single steps), and every step of one request;
 2. shrink the config: fewer blocks, a smaller block size, the default policy, the default hash;
-3. merge consecutive appends to one request into one append;
-4. simplify single steps: drop extras (all, then one kind at a time), shorten token lists.
+3. merge an append into the allocate or append just before it on the same request;
+4. drop extras from every step at once (all, then one kind at a time);
+5. simplify single steps: drop extras (all, then one kind at a time), shorten token lists.
 
 The passes repeat until none helps or the replay budget is spent. The budget is a *count* of
 replays, never a clock, so the same failure always shrinks to the same sequence.
@@ -163,7 +164,14 @@ class Shrinker:
         progress = True
         while progress and self.budget > 0:
             progress = False
-            for shrink in (self.drop_chunks, self.shrink_config, self.merge_appends, self.simplify_steps):
+            for shrink in (
+                self.drop_chunks,
+                self.drop_requests,
+                self.shrink_config,
+                self.merge_appends,
+                self.drop_extras_everywhere,
+                self.simplify_steps,
+            ):
                 progress = shrink() or progress
         return self.best
 
@@ -179,6 +187,21 @@ class Shrinker:
                 else:
                     i += size
             size //= 2
+        return improved
+
+    def drop_requests(self) -> bool:
+        """Every step of one request dropped at once (its admission, appends, forks and free):
+        a request's lifetime is spread over steps that no chunk holds together."""
+        improved = False
+        for rid in _request_ids(self.steps):
+            cand = [step for step in self.steps if not _mentions(step, rid)]
+            if not cand or len(cand) == len(self.steps):
+                continue
+            # Without the request the pool has room to spare: the eviction it forced may need a
+            # smaller pool to happen again.
+            pools = range(self.config.num_blocks, self.caps.min_blocks - 1, -1)
+            if any(self.attempt(replace(self.config, num_blocks=n), cand) for n in pools):
+                improved = True
         return improved
 
     def shrink_config(self) -> bool:
@@ -218,16 +241,31 @@ class Shrinker:
             yield replace(self.config, retention="replay", group_free_order="group_major")
 
     def merge_appends(self) -> bool:
+        """An append merged into the allocate or append just before it on the same request."""
         improved = False
         i = 0
         while i + 1 < len(self.steps):
             a, b = self.steps[i], self.steps[i + 1]
-            if a["op"] == b["op"] == "append" and a["request_id"] == b["request_id"]:
+            same = a.get("request_id") == b.get("request_id")
+            if a["op"] in ("allocate", "append") and b["op"] == "append" and same and _token_list(a, b):
                 merged = {**a, "tokens": list(a["tokens"]) + list(b["tokens"])}
                 if self.attempt(self.config, self.steps[:i] + [merged] + self.steps[i + 2 :]):
                     improved = True
                     continue
             i += 1
+        return improved
+
+    def drop_extras_everywhere(self) -> bool:
+        """Extras (all of them, then one kind at a time) dropped from every step at once: a hit
+        that needs equal extras on two steps survives only a change made to both."""
+        kinds = sorted(
+            {k for step in self.steps if isinstance(step.get("extras"), dict) for k in step["extras"]}
+        )
+        improved = False
+        for drop in [None, *kinds]:
+            cand = [_without_extras(step, drop) for step in self.steps]
+            if cand != self.steps and self.attempt(self.config, cand):
+                improved = True
         return improved
 
     def simplify_steps(self) -> bool:
@@ -242,11 +280,48 @@ class Shrinker:
         return improved
 
 
+_ID_FIELDS = ("request_id", "parent_id", "child_id")
+
+
+def _request_ids(steps: list[Step]) -> list[Json]:
+    """The request ids the steps use, in order of first use (hashable ones only)."""
+    seen: list[Json] = []
+    for step in steps:
+        for name in _ID_FIELDS:
+            rid = step.get(name)
+            if isinstance(rid, (str, int)) and not any(type(rid) is type(s) and rid == s for s in seen):
+                seen.append(rid)
+    return seen
+
+
+def _mentions(step: Step, rid: Json) -> bool:
+    return any(type(step.get(name)) is type(rid) and step.get(name) == rid for name in _ID_FIELDS)
+
+
+def _token_list(*steps: Step) -> bool:
+    return all(isinstance(step.get("tokens"), list) for step in steps)
+
+
+def _without_extras(step: Step, kind: str | None) -> Step:
+    """``step`` without its extras (``kind=None``) or without one kind of extra."""
+    extras = step.get("extras")
+    if not isinstance(extras, dict):
+        return step
+    if kind is None:
+        return {k: v for k, v in step.items() if k != "extras"}
+    kept = {k: v for k, v in extras.items() if k != kind}
+    if kept:
+        return {**step, "extras": kept}
+    return {k: v for k, v in step.items() if k != "extras"}
+
+
 def simplifications(step: Step) -> list[Step]:
-    """Smaller variants of one step, most aggressive first: without extras, without one kind of
-    extra, with a shorter token list (keeping extras valid is the replay's business: an invalid
-    variant fails differently and is dropped)."""
+    """Smaller variants of one step, most aggressive first: an admission as a lookup, without
+    extras, without one kind of extra, with a shorter token list (keeping extras valid is the
+    replay's business: an invalid variant fails differently and is dropped)."""
     out: list[Step] = []
+    if step["op"] == "allocate":  # the same question without the admission
+        out.append({k: v for k, v in step.items() if k not in ("op", "request_id")} | {"op": "lookup"})
     extras = step.get("extras")
     if isinstance(extras, dict) and extras:
         out.append({k: v for k, v in step.items() if k != "extras"})

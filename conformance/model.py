@@ -211,14 +211,15 @@ def build_adapter(factory: AdapterFactory, config: CacheConfig) -> PrefixCacheAd
 
 ADAPTER_METHODS = ("allocate", "append", "free", "block_table", "num_free_blocks", "step")
 HYBRID_METHODS = ("block_tables", "new_step")
-DECLARED_METHODS = {
-    "lookup": "lookup",
-    "fork": "fork",
-    "reset": "reset_prefix_cache",
-    "ref_cnt": "ref_cnt",
-    "free_queue": "free_blocks",
-    "keys": "block_hash",
-    "spells_extras": "spell_extras",
+DECLARED_METHODS: dict[str, tuple[str, ...]] = {
+    "lookup": ("lookup",),
+    "fork": ("fork",),
+    "reset": ("reset_prefix_cache",),
+    "ref_cnt": ("ref_cnt",),
+    "free_queue": ("free_blocks",),
+    "keys": ("block_hash",),
+    "spells_extras": ("spell_extras",),
+    "events": ("take_events", "cached_keys"),
 }
 
 
@@ -238,7 +239,8 @@ def adapter_capabilities(adapter: object) -> Capabilities:
         raise Violation("engine-errors", f"the adapter's capabilities are malformed: {exc}") from None
     undone = [
         m
-        for cap, m in DECLARED_METHODS.items()
+        for cap, methods in DECLARED_METHODS.items()
+        for m in methods
         if getattr(caps, cap) and not callable(getattr(adapter, m, None))
     ]
     if caps.groups:

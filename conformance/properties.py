@@ -134,6 +134,33 @@ PROPERTIES: tuple[Property, ...] = (
         "without eviction pressure, hits the declared retention policy promises (resend, sibling, junction)",
         "groups",
     ),
+    Property(
+        "event-index",
+        "core",
+        "after every operation the index rebuilt from the engine's events (counting copies) equals "
+        "its cached_keys()",
+        "events",
+    ),
+    Property(
+        "event-sequence",
+        "core",
+        "event batches are numbered 0, 1, 2, ... for a new instance (a restart starts at 0 again), "
+        "a successful reset is announced (AllBlocksCleared), a failed operation emits nothing",
+        "events",
+    ),
+    Property(
+        "event-parents",
+        "core",
+        "every stored block names its real parent (a key held then, none for block 0): its chain "
+        "spells the prefix the engine was given at the position it was stored",
+        "events",
+    ),
+    Property(
+        "event-extras",
+        "core",
+        "events distinguish what keys distinguish: two keys never share one (parent, tokens, extras)",
+        "events",
+    ),
 )
 HYBRID_PROPERTIES: frozenset[str] = frozenset(p.name for p in PROPERTIES if p.needs == "groups")
 PROPERTY_NAMES: tuple[str, ...] = tuple(p.name for p in PROPERTIES)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, ForkResult, RequestId
+from pagedprefix.spec.events import EventBatch, GroupKey
 from pagedprefix.spec.groups import GROUP_FREE_ORDERS, GROUP_KINDS, RETENTIONS, is_hybrid
 
 ExtraKind = Literal["lora", "cache_salt", "mm", "prompt_embeds"]
@@ -130,6 +131,12 @@ class Capabilities:
         same_step_state: what an admission whose hit would use a recurrent state written in the
             current step (before ``new_step()``) does: ``"defer"`` (raises ``Deferred``, vLLM) or
             ``"miss"`` (the state does not count as cached).
+        events: the engine publishes KV-cache events (SEMANTICS.md section 9): the adapter has
+            ``take_events() -> Sequence[EventBatch]`` (the batches published since the last call,
+            :mod:`pagedprefix.spec.events`, numbered from 0 for a new instance) and
+            ``cached_keys() -> Mapping[(group, key), int]`` (its observable index: blocks holding
+            each key). The suite takes them after every operation (profile ``core``: properties
+            ``event-index``, ``event-sequence``, ``event-parents``, ``event-extras``).
     """
 
     fork: bool = True
@@ -156,6 +163,7 @@ class Capabilities:
     retention: str = "replay"
     group_free_order: str = "group_major"
     same_step_state: Literal["defer", "miss"] = "defer"
+    events: bool = False
 
     def claims_policy_of(self, config: CacheConfig) -> bool:
         """Whether the engine follows exactly the spec policy ``config`` names (for a hybrid
@@ -210,6 +218,7 @@ class Capabilities:
             "retention": self.retention,
             "group_free_order": self.group_free_order,
             "same_step_state": self.same_step_state,
+            "events": self.events,
         }
 
     @classmethod
@@ -293,8 +302,9 @@ class PrefixCacheAdapter(Protocol):
     Every operation is all-or-nothing and raises the spec's typed errors
     (:mod:`pagedprefix.spec.errors`). Observations needing an undeclared capability
     (``ref_cnt``, ``free_blocks``, ``block_hash``) may raise :class:`NotImplementedError`; they are
-    never called then. An adapter may also define ``close()``; the suite calls it when done, and
-    ``spell_extras(extras) -> dict[str, str]`` when it declares ``spells_extras``.
+    never called then. An adapter may also define ``close()``; the suite calls it when done,
+    ``spell_extras(extras) -> dict[str, str]`` when it declares ``spells_extras``, and
+    ``take_events()`` / ``cached_keys()`` when it declares ``events`` (see :class:`Capabilities`).
     """
 
     capabilities: Capabilities
@@ -394,6 +404,12 @@ class AdapterBase:
 
     def spell_extras(self, extras: Extras) -> dict[str, str]:
         raise NotImplementedError("extra-key spelling not declared")
+
+    def take_events(self) -> Sequence[EventBatch]:
+        raise NotImplementedError("KV-cache events not declared")
+
+    def cached_keys(self) -> Mapping[GroupKey, int]:
+        raise NotImplementedError("KV-cache events not declared")
 
 
 def close_adapter(adapter: object) -> None:

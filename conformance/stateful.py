@@ -103,6 +103,8 @@ class StatefulReport:
     orphans_max: int = 0
     """The most keyed blocks the spec model held stranded at once in those examples (the orphans
     diagnostic of HYBRID.md section 4.3; not a verdict)."""
+    found_order: list[str] = field(default_factory=list)
+    """Failing properties in the order the run found them (the first is the bug's first symptom)."""
 
     @property
     def ok(self) -> bool:
@@ -407,6 +409,8 @@ def property_skip_reason(name: str, profile: str, caps: Capabilities) -> str | N
         return "capability exact_ids not declared"
     if prop.needs == "groups" and not caps.groups:
         return "capability groups not declared (no hybrid configs)"
+    if prop.needs == "events" and not caps.events:
+        return "capability events not declared"
     return None
 
 
@@ -507,6 +511,7 @@ def _run_chunks(
         if rec.hung is not None:
             report.hung = rec.hung
             failures["engine-errors"] = _hung_failure(rec.hung, setup.profile)
+            report.found_order.append("engine-errors")
             report.examples += rec.examples
             break
         report.hybrid_examples += rec.hybrid_examples
@@ -522,6 +527,7 @@ def _run_chunks(
         if failure is None:
             break
         failures[failure.prop] = failure
+        report.found_order.append(failure.prop)
         if echo is not None:
             echo(failure.render())
         disabled.add(failure.prop)

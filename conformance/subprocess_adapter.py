@@ -38,26 +38,40 @@ free_blocks         {"handle"}                            {"free_blocks"}
 block_hash          {"handle", "block_id"}                {"block_hash": hex or null}
 step                {"handle"}                            null
 observe (v2)        {"handle", "request_ids",             {"num_free_blocks", "tables": [[id,
-                    "ref_cnt", "free_blocks", "keys"}     table]], "ref_cnt"?, "free_blocks"?,
-                                                          "keys"?: [[id, [hex|null]]]}
+                    "ref_cnt", "free_blocks", "keys",     table]], "ref_cnt"?, "free_blocks"?,
+                    "events" (v3)}                        "keys"?: [[id, [hex|null]]],
+                                                          "cached_keys"?, "events"? (v3)}
 spell_extras (v2)   {"handle", "extras"}                  {kind: str} (``spells_extras`` engines)
 block_tables (v3)   {"handle", "request_id"}              {"block_tables": [[block|null, ...] per
                                                           group]}
 new_step (v3)       {"handle"}                            null
+take_events (v3)    {"handle"}                            {"batches": [{"seq", "events": [...]}]}
+cached_keys (v3)    {"handle"}                            {"cached_keys": [[group, hex, count]]}
 shutdown            {}                                    null, then the server exits
 ==================  ====================================  ==========================================
 
 ``observe`` answers every observation of one step in one round trip (an error in any of them is
 the reply's error). A version-1 server gets the single observations instead.
 
-Version 3 adds hybrid KV-cache groups (SEMANTICS.md section 8) for a server whose capabilities
-declare ``groups``: the config carries ``groups`` (``[{"kind", "block_size", "window"?,
-"chunk"?}]``), ``retention`` and ``group_free_order``; on such a config ``allocate`` returns
-``{"num_computed_tokens", "block_tables", "checkpoints": [[group, num_tokens, block]]}``,
-``append`` ``{"copies", "block_tables", "checkpoints"}``, ``fork`` ``{"copies"}``; ``observe``
-takes ``"groups": true`` and answers ``"group_tables": [[id, [[block|null] per group]]]`` (and
-``"keys"`` per group) instead of ``"tables"``; errors include ``Deferred``. A version-1 or 2
-server that declares ``groups`` is refused (its capabilities are read without them).
+Version 3 adds two features, each used only with a server whose capabilities declare it (so a
+version-3 server that declares neither speaks version 2 with a new number):
+
+- hybrid KV-cache groups (capability ``groups``, SEMANTICS.md section 8): the config carries
+  ``groups`` (``[{"kind", "block_size", "window"?, "chunk"?}]``), ``retention`` and
+  ``group_free_order``; on such a config ``allocate`` returns ``{"num_computed_tokens",
+  "block_tables", "checkpoints": [[group, num_tokens, block]]}``, ``append`` ``{"copies",
+  "block_tables", "checkpoints"}``, ``fork`` ``{"copies"}``; ``observe`` takes ``"groups": true``
+  and answers ``"group_tables": [[id, [[block|null] per group]]]`` (and ``"keys"`` per group)
+  instead of ``"tables"``; errors include ``Deferred``. A version-1 or 2 server that declares
+  ``groups`` is driven without them (its capabilities are read without groups).
+- KV-cache events (capability ``events``, SEMANTICS.md section 9; single-group configs only):
+  ``take_events`` returns the batches published since the last call (and ``observe`` with
+  ``"events": true`` takes them too, with ``cached_keys``). Events are the JSON forms of
+  :mod:`pagedprefix.spec.events` (``{"type": "BlockStored", "block_hashes": [hex],
+  "parent_block_hash": hex | null, "token_ids", "block_size", "extras": [[[tag, hex payload], ...]
+  per block], "group"}``, ``{"type": "BlockRemoved", "block_hashes", "group"}``, ``{"type":
+  "AllBlocksCleared"}``). A server older than version 3 that declares ``events`` is refused at
+  ``create``.
 
 Time limits. Every reply must arrive within the call limit (``call_timeout``, 10 s by default;
 ``hello`` and ``create`` get ``start_timeout``, 120 s, for imports). A server that is silent for
@@ -100,6 +114,7 @@ from pagedprefix.spec import (
     RequestId,
     is_hybrid,
 )
+from pagedprefix.spec.events import EventBatch, GroupKey, batch_from_json
 
 from .codec import Json, config_to_json, make_error
 from .protocol import AdapterFactory, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
@@ -108,6 +123,10 @@ from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
 PROTOCOL = "pagedprefix-jsonl"
 PROTOCOL_VERSION = 3
 SUPPORTED_VERSIONS = (1, 2, 3)
+GROUPS_VERSION = 3
+"""The first protocol version with hybrid groups (``block_tables``, ``new_step``, hybrid results)."""
+EVENTS_VERSION = 3
+"""The first protocol version with ``take_events``, ``cached_keys`` and events in ``observe``."""
 MAX_LINE = 64 * 1024 * 1024
 STDERR_TAIL = 2000
 
@@ -345,11 +364,17 @@ class SubprocessAdapter:
             raise EngineProcessError(f"create returned {created!r:.200}")
         self.handle = created["handle"]
         caps = Capabilities.from_json(created.get("capabilities") or {})
-        if process.version < 3 and caps.groups:
+        if process.version < GROUPS_VERSION and caps.groups:
             caps = replace(caps, groups=frozenset())  # hybrid groups need protocol 3
         self.capabilities = caps
         self.hybrid = is_hybrid(config.groups, config.block_size)
         self._closed = False
+        if self.capabilities.events and process.version < EVENTS_VERSION:
+            self.close()
+            raise EngineProcessError(
+                f"the engine declares events but speaks protocol version {process.version}; "
+                f"events need version {EVENTS_VERSION}"
+            )
 
     def _call(self, method: str, **params: Json) -> Any:
         return self.process.call(method, {"handle": self.handle, **params})
@@ -428,14 +453,35 @@ class SubprocessAdapter:
     def step(self) -> None:
         self._call("step")
 
+    def take_events(self) -> list[EventBatch]:
+        """The event batches the engine published since the last call (protocol 3)."""
+        value = self._call("take_events")
+        batches = value.get("batches") if isinstance(value, dict) else None
+        if not isinstance(batches, list):
+            raise EngineProcessError(f"take_events returned {value!r:.200}")
+        try:
+            return [batch_from_json(b) for b in batches]
+        except ValueError as exc:
+            raise EngineProcessError(f"take_events returned a malformed batch: {exc}") from None
+
+    def cached_keys(self) -> dict[GroupKey, int]:
+        """The engine's observable index (protocol 3)."""
+        value = self._call("cached_keys")
+        entries = value.get("cached_keys") if isinstance(value, dict) else None
+        try:
+            return {(int(g), bytes.fromhex(k)): int(n) for g, k, n in entries}  # type: ignore[union-attr]
+        except (TypeError, ValueError) as exc:
+            raise EngineProcessError(f"cached_keys returned {value!r:.200} ({exc})") from None
+
     def observe_batch(
-        self, request_ids: list[RequestId], ref_cnt: bool, free_blocks: bool, keys: bool
+        self, request_ids: list[RequestId], ref_cnt: bool, free_blocks: bool, keys: bool, events: bool = False
     ) -> dict[str, Json] | None:
-        """Every observation of one step in one round trip (protocol 2); ``None`` from a
-        version-1 server (the caller then asks one by one)."""
+        """Every observation of one step in one round trip (protocol 2; ``events`` and
+        ``cached_keys`` too, protocol 3); ``None`` from a version-1 server (the caller then asks
+        one by one)."""
         if self.process.version < 2:
             return None
-        params = {
+        params: dict[str, Json] = {
             "request_ids": _plain(request_ids),
             "ref_cnt": ref_cnt,
             "free_blocks": free_blocks,
@@ -443,6 +489,8 @@ class SubprocessAdapter:
         }
         if self.hybrid:
             params["groups"] = True
+        if events:
+            params["events"] = True
         value = self._call("observe", **params)
         if not isinstance(value, dict):
             raise EngineProcessError(f"observe returned {value!r:.200}")

@@ -44,6 +44,7 @@ ENGINE_SHORT_NAMES: dict[str, str] = {
     "spec": "pagedprefix.conformance.adapters:spec",
     "radix": "pagedprefix.conformance.adapters:radix",
     "vllm": "pagedprefix.conformance.engines.vllm:vllm",
+    "vllm-events": "pagedprefix.conformance.engines.vllm:vllm_with_events",
     "sglang": "pagedprefix.conformance.engines.sglang:sglang",
     "sglang-unified": "pagedprefix.conformance.engines.sglang:sglang_unified",
 }
@@ -321,6 +322,7 @@ def _capability_rows(caps: Capabilities, profile: str) -> list[CheckResult]:
         "ref_cnt": "ref_cnt conservation not checked",
         "free_queue": "free-queue checks not run",
         "keys": "byte-exact key vectors not run",
+        "events": "KV-cache event checks not run",
     }
     for name, note in notes.items():
         if not getattr(caps, name):

@@ -20,6 +20,13 @@ Costs (``L`` tokens, ``B`` block_size, ``N`` blocks): ``lookup`` and ``allocate`
 and hashing) plus O(1) per block; ``append`` is O(new tokens); ``fork`` and ``free`` are O(blocks of
 the request); ``reset_prefix_cache`` is O(cached blocks). Only the observations that return the
 whole pool (``free_blocks``, ``snapshot``) and :meth:`BlockManager.check_integrity` are O(N).
+
+KV-cache events (SEMANTICS.md section 9) are opt-in: ``BlockManager.create(config, events=True)``
+records the spec's event stream (:meth:`BlockManager.take_events`), at O(tokens) per stored run and
+O(1) per evicted key (about 3% on the benchmark cycles, ``test_events_cost``), and keeps them until
+taken: opt-in, so a cache nobody subscribes to does not accumulate them. ``cached_keys()`` (the
+observable index) is O(cached keys). Off, events cost one ``None`` test per registered range and
+per eviction.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import hashlib
 import struct
 import sys
 from array import array
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -59,6 +67,7 @@ from pagedprefix.spec import (
 )
 from pagedprefix.spec.cache import request_sort_key, resolve_seed
 from pagedprefix.spec.errors import safe_repr
+from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
 from pagedprefix.spec.keys import HashFn, encode_field, hash_function
 
 __all__ = [
@@ -341,9 +350,10 @@ class BlockManager:
             (``verify_tokens`` only).
     """
 
-    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes) -> None:
+    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes, events: bool = False) -> None:
         """Use :meth:`create`, which validates ``config`` and derives the seed and root."""
         n = config.num_blocks
+        self._events: list[Event] | None = [] if events else None
         self.config = config
         self.hash_seed = hash_seed
         self.root = root
@@ -373,8 +383,13 @@ class BlockManager:
         self._block_struct = struct.Struct(f"{4 * config.block_size}s")  # one block's token bytes
 
     @classmethod
-    def create(cls, config: CacheConfig) -> BlockManager:
+    def create(cls, config: CacheConfig, *, events: bool = False) -> BlockManager:
         """A manager with every block free.
+
+        ``events=True`` records the KV-cache event stream (SEMANTICS.md section 9), the spec's
+        stream event for event, for :meth:`take_events`. It is off by default: recording costs a
+        tuple of tokens and extra fields per stored run and an object per evicted key, which a
+        cache nobody subscribes to should not pay (``benchmarks/test_bench_impl.py`` measures it).
 
         Raises :class:`pagedprefix.spec.InvalidConfig` (``check_config``, and a pool whose estimated
         ``num_blocks * IMPL_BYTES_PER_BLOCK`` bytes — :data:`IMPL_VERIFY_BYTES_PER_BLOCK` under
@@ -385,7 +400,7 @@ class BlockManager:
         check_memory(config.num_blocks, per_block, "the block manager")
         seed = resolve_seed(config)
         root = root_key(config.hash_algo, config.block_size, config.namespace, seed)
-        return cls(config, seed, root)
+        return cls(config, seed, root, events)
 
     # ----- keys ---------------------------------------------------------------------------------
 
@@ -497,10 +512,10 @@ class BlockManager:
         else:
             found.append(b)
 
-    def _register(self, request: _Request, i: int) -> None:
-        """Give the newly full block ``i`` of ``request`` its key. Under ``dedup_on_full`` a key
-        already cached on another block swaps that block into the table, and the new block is
-        released like a freed block without a key (SEMANTICS.md section 4)."""
+    def _register(self, request: _Request, i: int) -> bool:
+        """Give the newly full block ``i`` of ``request`` its key; True when it got it. Under
+        ``dedup_on_full`` a key already cached on another block swaps that block into the table,
+        and the new block is released like a freed block without a key (SEMANTICS.md section 4)."""
         b = request.block_table[i]
         key = request.keys[i]
         content = _Content(request.tokens, request.extras, i + 1) if self._verify else None
@@ -510,11 +525,45 @@ class BlockManager:
                 request.block_table[i] = other
                 self._touch(other)
                 self._release(b)
-                return
+                return False
         self._hash[b] = key
         if content is not None:
             self._contents[b] = content
         self._index_add(key, b)
+        return True
+
+    def _register_range(self, request: _Request, first: int, stop: int) -> None:
+        """Register the newly full blocks ``first .. stop - 1`` in table order; with events on,
+        one ``BlockStored`` per run of consecutive blocks that got keys (as the spec does)."""
+        events = self._events
+        if events is None:
+            for i in range(first, stop):
+                self._register(request, i)
+            return
+        run = first
+        for i in range(first, stop):
+            if not self._register(request, i):
+                if run < i:
+                    events.append(self._stored(request, run, i))
+                run = i + 1
+        if run < stop:
+            events.append(self._stored(request, run, stop))
+
+    def _stored(self, request: _Request, start: int, stop: int) -> BlockStored:
+        """The ``BlockStored`` of blocks ``start .. stop - 1`` of ``request`` (the spec's form)."""
+        size = self._block_size
+        extras = request.extras
+        if _is_plain(extras):
+            fields: tuple[tuple[ExtraField, ...], ...] = ((),) * (stop - start)
+        else:
+            fields = tuple(block_extra_fields(extras, i, size) for i in range(start, stop))
+        return BlockStored(
+            tuple(request.keys[start:stop]),
+            request.keys[start - 1] if start else None,
+            tuple(request.tokens[start * size : stop * size]),
+            size,
+            fields,
+        )
 
     def _evict(self, b: int) -> None:
         """Drop block ``b``'s key from the index: it is about to hold other content."""
@@ -531,6 +580,8 @@ class BlockManager:
         if self._verify:
             self._contents[b] = None
         self.num_evictions += 1
+        if self._events is not None:
+            self._events.append(BlockRemoved((key,)))
 
     # ----- block references -----------------------------------------------------------------------
 
@@ -638,8 +689,7 @@ class BlockManager:
         table = hits + [self._pop_free() for _ in range(need)]
         request = _Request(buf, extras, table, keys)
         self._requests[rid] = request
-        for i in range(len(hits), len(keys)):
-            self._register(request, i)
+        self._register_range(request, len(hits), len(keys))
         return Allocation(len(hits) * size, tuple(request.block_table))
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
@@ -678,8 +728,7 @@ class BlockManager:
             parent = request.keys[-1] if first else self.root
             whole = token_bytes(request.tokens[first * size : full * size])
             request.keys.extend(self._chain(parent, whole, request.extras, first))
-            for i in range(first, full):
-                self._register(request, i)
+            self._register_range(request, first, full)
         return AppendResult(copies, tuple(table))
 
     def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
@@ -728,7 +777,19 @@ class BlockManager:
                 if self._verify:
                     self._contents[b] = None
         self._index.clear()
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list[Event]:
+        """The KV-cache events since the last call, oldest first: exactly the spec's stream
+        (:meth:`pagedprefix.spec.SpecCache.take_events` says what each operation emits and how a
+        subscriber counts duplicate copies). Raises ``RuntimeError`` unless created with
+        ``events=True``."""
+        if self._events is None:
+            raise RuntimeError("this block manager does not record events: create it with events=True")
+        taken, self._events = self._events, []
+        return taken
 
     # ----- observations -------------------------------------------------------------------------
 
@@ -767,6 +828,10 @@ class BlockManager:
     def request_ids(self) -> tuple[RequestId, ...]:
         """Live request ids, ints first, each kind sorted."""
         return tuple(sorted(self._requests, key=request_sort_key))
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        """The observable index: ``(group, key)`` -> blocks holding it (group 0). O(cached keys)."""
+        return Counter({(0, k): 1 if isinstance(v, int) else len(v) for k, v in self._index.items()})
 
     def snapshot(self) -> Snapshot:
         """Every observable of the current state, equal to the spec's snapshot of an equal state."""

@@ -14,12 +14,18 @@ Each operation exists three times with the same signature and contract:
 To run the Triton kernels on CPU (Triton's interpreter), set ``TRITON_INTERPRET=1`` in the environment
 before the first Triton call of the process, and preferably before ``triton`` is imported.
 
+``paged_attention`` also serves the sliding-window and chunked-local groups of a hybrid model
+(``sliding_window=W``, ``attention_chunk_size=C``; SEMANTICS.md section 8). Block tables stay
+position-indexed; an entry a request does not hold (released, or skipped by a hit: ``None`` in the spec)
+is written as :data:`NO_BLOCK` (``-1``), which the kernels never read.
+
 Errors are the typed classes of :mod:`.errors`, subclasses of ``ValueError``/``TypeError``/``RuntimeError``.
 """
 
 from __future__ import annotations
 
 from ._env import interpreter_requested
+from ._validation import NO_BLOCK
 from .dispatch import Backend, ResolvedBackend, copy_blocks, paged_attention, select_backend, write_kv
 from .errors import (
     BackendUnavailableError,
@@ -32,6 +38,7 @@ from .errors import (
 from .reference import dense_causal_attention, gather_kv
 
 __all__ = [
+    "NO_BLOCK",
     "Backend",
     "BackendUnavailableError",
     "KernelDTypeError",

@@ -79,27 +79,44 @@ Raises:
 """
 
 PAGED_ATTENTION = """\
-Causal attention of variable-length queries over a paged KV cache (decode and prefill in one call).
+Causal attention of variable-length queries over a paged KV cache (decode and prefill in one call),
+optionally restricted to a sliding window or to local chunks (the layers of a hybrid model's sliding or
+chunked KV-cache group, SEMANTICS.md section 8).
 
 Request ``r`` owns queries ``query[query_start_loc[r] : query_start_loc[r + 1]]`` (``q_len_r`` of them)
 and ``seq_lens[r]`` tokens in the cache, which include the queries: query ``i`` of request ``r`` is the
-token at position ``seq_lens[r] - q_len_r + i`` and attends to the keys at positions ``0 ..`` its own
-position. Position ``p`` of request ``r`` is read from block ``block_table[r, p // block_size]`` at offset
-``p % block_size``. Decode is ``q_len_r = 1``; prefill over a cached prefix is ``q_len_r < seq_lens[r]``.
-Several requests may point at the same physical blocks (shared prefix). Query head ``h`` reads KV head
-``h // (num_q_heads // num_kv_heads)`` (grouped-query attention). Scores are accumulated in float32 with
-an online softmax.
+token at position ``q = seq_lens[r] - q_len_r + i`` and attends to the keys at positions
+``first_key(q) .. q``, where ``first_key(q)`` is ``0`` (full attention, the default),
+``max(0, q - sliding_window + 1)`` (a sliding window of ``sliding_window`` tokens that counts the query
+token, as vLLM does) or ``floor(q / attention_chunk_size) * attention_chunk_size`` (chunked local
+attention, as in Llama 4). Position ``p`` of request ``r`` is read from block
+``block_table[r, p // block_size]`` at offset ``p % block_size``. Decode is ``q_len_r = 1``; prefill over
+a cached prefix is ``q_len_r < seq_lens[r]``. Several requests may point at the same physical blocks
+(shared prefix). Query head ``h`` reads KV head ``h // (num_q_heads // num_kv_heads)`` (grouped-query
+attention). Scores are accumulated in float32 with an online softmax.
+
+The blocks a request reads are those of positions ``first_key(seq_lens[r] - q_len_r) .. seq_lens[r] - 1``
+and no others: the entries before them lie wholly outside the window of every query of the request
+(SEMANTICS.md section 8 releases exactly these when the request reaches that length) and may hold
+``NO_BLOCK`` (``-1``) or any other value; the kernel skips their key tiles without loading them, so the
+work of a windowed call is bounded by the window, not by the sequence length.
 
 Args:
     query: ``[total_query_tokens, num_q_heads, head_dim]``, float32, float16 or bfloat16 (any strides).
     key_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, contiguous, dtype of ``query``.
     value_cache: same shape and dtype as ``key_cache``, contiguous.
-    block_table: int32 (or int64) ``[num_reqs, max_blocks_per_req]`` of physical block ids; entries past
-        a request's last block are never read.
+    block_table: int32 (or int64) ``[num_reqs, max_blocks_per_req]`` of physical block ids
+        (position-indexed: entry ``j`` holds positions ``j * block_size ..``); entries past a request's
+        last block, and before the first block its window reaches, are never read.
     seq_lens: int32 (or int64) ``[num_reqs]``, tokens per request including its queries.
     query_start_loc: int32 (or int64) ``[num_reqs + 1]``, cumulative query counts: starts at 0 and ends
         at ``total_query_tokens``.
     scale: softmax scale applied to ``q . k`` (typically ``head_dim ** -0.5``).
+    sliding_window: ``W``, in tokens, counting the query token (vLLM's convention; HYBRID.md
+        section 1.1), or ``None`` (no window). ``W = 1`` attends to the query token only; a window
+        reaching past position 0 is full attention. Values above ``2**31 - 1`` act as ``2**31 - 1``.
+    attention_chunk_size: ``C``, in tokens, for chunked local attention (chunk boundaries at the
+        multiples of ``C``), or ``None``. At most one of ``sliding_window`` and ``attention_chunk_size``.
     max_query_len: the longest ``q_len_r``, if the caller knows it (avoids reading ``query_start_loc``
         on the host when ``check_values`` is false). Must not be smaller than the real one.
     num_splits: split each request's keys into this many parts processed in parallel and merged
@@ -113,15 +130,16 @@ Returns:
 
 Raises:
     KernelDTypeError (a TypeError): a non-tensor argument, an unsupported or mismatched dtype, a
-        non-float ``scale``, a non-int ``max_query_len`` or ``num_splits``, a ``check_values`` that is
-        not a bool.
+        non-float ``scale``, a non-int ``max_query_len``, ``num_splits``, ``sliding_window`` or
+        ``attention_chunk_size`` (``bool`` included), a ``check_values`` that is not a bool.
     KernelShapeError (a ValueError): shapes that do not match the layouts above, ``num_q_heads`` not a
         multiple of ``num_kv_heads``, non-contiguous caches.
     KernelDeviceError (a ValueError): tensors on different devices, or on the ``meta`` device.
     KernelValueError (a ValueError): a non-finite ``scale``, ``num_splits < 1``, a ``max_query_len``
-        above ``total_query_tokens``; with ``check_values``:
+        above ``total_query_tokens``, a ``sliding_window`` or ``attention_chunk_size`` below 1, or both
+        given; with ``check_values``:
         a ``query_start_loc`` that is not cumulative, ``seq_lens[r] < q_len_r``, a sequence longer than
-        its block table row, a block id out of range in a block the request reads, or a
-        ``max_query_len`` below the longest query.
+        its block table row, a block id out of range (``NO_BLOCK`` included) in a block the request
+        reads, or a ``max_query_len`` below the longest query.
     BackendUnavailableError (a RuntimeError): the implementation cannot run on this device.
 """

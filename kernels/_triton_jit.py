@@ -107,6 +107,8 @@ def paged_attention_kernel(
     q_tiles,
     tiles_per_split,
     num_splits,
+    window,
+    WINDOW_KIND: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -125,6 +127,11 @@ def paged_attention_kernel(
     tiles with an online softmax in the log2 domain. With ``SPLIT`` it stores the unnormalized float32
     accumulator with its running max and sum for :func:`combine_splits_kernel`; otherwise it stores
     the normalized output.
+
+    ``WINDOW_KIND`` 0 is full causal attention; 1 a sliding window of ``window`` tokens (the query at
+    ``q`` sees keys ``q - window + 1 .. q``); 2 chunked local attention with chunks of ``window``
+    tokens (keys ``q // window * window .. q``). Key tiles start at the first key the tile's first
+    query sees (``kv_begin``), so block-table entries before it are never loaded.
     """
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -158,17 +165,25 @@ def paged_attention_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    # Keys this tile can see: positions [0, kv_end); this split takes tiles [tile_begin, tile_end).
+    # Keys this tile can see: positions [kv_begin, kv_end); this split takes the tiles
+    # [tile_begin, tile_end) of BLOCK_N keys counted from kv_begin.
     kv_end = tl.minimum(seq_len, context_len + (q_tile + 1) * BLOCK_Q)
+    q_first = context_len + q_tile * BLOCK_Q
+    if WINDOW_KIND == 1:
+        kv_begin = tl.maximum(q_first - window + 1, 0)
+    elif WINDOW_KIND == 2:
+        kv_begin = q_first // window * window
+    else:
+        kv_begin = 0
     tile_begin = split * tiles_per_split
-    tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(kv_end, BLOCK_N))
+    tile_end = tl.minimum(tile_begin + tiles_per_split, tl.cdiv(kv_end - kv_begin, BLOCK_N))
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], tl.float32)
     table_row = block_table_ptr + req.to(tl.int64) * stride_table
     for tile in range(tile_begin, tile_end):
-        k_pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_pos = kv_begin + tile * BLOCK_N + tl.arange(0, BLOCK_N)
         k_ok = k_pos < kv_end
         block_id = tl.load(table_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
         kv_off = block_id * stride_cb + (k_pos % block_size) * stride_cs + kv_head * stride_ch
@@ -180,6 +195,10 @@ def paged_attention_kernel(
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e
         visible = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if WINDOW_KIND == 1:
+            visible = visible & (k_pos[None, :] > (q_pos - window)[:, None])
+        elif WINDOW_KIND == 2:
+            visible = visible & (k_pos[None, :] >= (q_pos // window * window)[:, None])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row that has seen no visible key yet keeps m = -inf; shift it by 0 to avoid inf - inf.

@@ -13,6 +13,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -129,6 +130,86 @@ def _check_cache_pair(
     _writable(key_name, kc)
     _writable(value_name, vc)
     return kc, vc
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention windows (sliding window, chunked local attention)
+# --------------------------------------------------------------------------------------------------
+
+#: Block id of a block-table entry that is not held (SEMANTICS.md section 8: a ``None`` entry, released
+#: because it lies wholly outside a request's window, or skipped by a hit). The kernels never read it.
+NO_BLOCK = -1
+
+#: Window sizes above this act as this (positions are int32 in the kernels; a window that wide reaches
+#: every position anyway).
+MAX_WINDOW = 2**31 - 1
+
+WindowKind = Literal["full", "sliding", "chunked"]
+
+
+@dataclass(frozen=True)
+class AttentionWindow:
+    """Which keys a query sees: ``kind`` and its ``size`` (``W`` or ``C`` in tokens; 0 for ``full``).
+
+    The query at position ``q`` attends to the keys at positions ``first_key(q) .. q``:
+
+    - ``full``: ``0 .. q``;
+    - ``sliding`` (window ``W``, counting the query token, as vLLM does; HYBRID.md section 1.1):
+      ``max(0, q - W + 1) .. q``;
+    - ``chunked`` (chunked local attention, chunk ``C``, as Llama 4): ``floor(q / C) * C .. q``.
+    """
+
+    kind: WindowKind = "full"
+    size: int = 0
+
+    def first_key(self, q_pos: int) -> int:
+        """The first key position the query at ``q_pos`` (>= 0) attends to."""
+        if self.kind == "sliding":
+            return max(0, q_pos - self.size + 1)
+        if self.kind == "chunked":
+            return q_pos // self.size * self.size
+        return 0
+
+    def first_keys(self, q_pos: torch.Tensor) -> torch.Tensor:
+        """:meth:`first_key` of every entry of an int tensor of positions (>= 0)."""
+        if self.kind == "sliding":
+            return torch.clamp(q_pos - (self.size - 1), min=0)
+        if self.kind == "chunked":
+            return torch.div(q_pos, self.size, rounding_mode="floor") * self.size
+        return torch.zeros_like(q_pos)
+
+    @property
+    def key_span(self) -> int | None:
+        """Most keys one query can see (``W`` or ``C``), or ``None`` for ``full``."""
+        return None if self.kind == "full" else self.size
+
+
+#: No window: every query sees every key up to itself.
+FULL_ATTENTION = AttentionWindow()
+
+
+def _window_size(name: str, x: object) -> int | None:
+    if x is None:
+        return None
+    return min(_int_arg(name, x, 1), MAX_WINDOW)
+
+
+def check_window(sliding_window: object, attention_chunk_size: object) -> AttentionWindow:
+    """The window of ``paged_attention``/``dense_causal_attention``: each argument ``None`` or an int
+    >= 1 (:class:`KernelDTypeError` for another type, ``bool`` included; :class:`KernelValueError` below
+    1), at most one of them given (:class:`KernelValueError`)."""
+    window = _window_size("sliding_window", sliding_window)
+    chunk = _window_size("attention_chunk_size", attention_chunk_size)
+    if window is not None and chunk is not None:
+        raise KernelValueError(
+            "give at most one of sliding_window and attention_chunk_size: a layer is either a "
+            "sliding-window or a chunked local attention layer"
+        )
+    if window is not None:
+        return AttentionWindow("sliding", window)
+    if chunk is not None:
+        return AttentionWindow("chunked", chunk)
+    return FULL_ATTENTION
 
 
 def check_scale(scale: object) -> float:
@@ -340,6 +421,7 @@ class AttentionProblem:
     block_size: int
     max_blocks_per_req: int
     max_query_len: int
+    window: AttentionWindow = FULL_ATTENTION
 
     @property
     def group_size(self) -> int:
@@ -363,6 +445,8 @@ def check_paged_attention(
     max_query_len: object,
     num_splits: object,
     check_values: bool,
+    sliding_window: object = None,
+    attention_chunk_size: object = None,
 ) -> AttentionProblem:
     """Validate the arguments of ``paged_attention``; see its docstring for the contract."""
     check_values = check_flag("check_values", check_values)
@@ -406,6 +490,7 @@ def check_paged_attention(
         ]
     )
     check_scale(scale)
+    window = check_window(sliding_window, attention_chunk_size)
     if num_splits is not None:
         _int_arg("num_splits", num_splits, 1)
     if max_query_len is not None:
@@ -423,7 +508,15 @@ def check_paged_attention(
         actual_max_q = max(q_lens)
         if check_values:
             _check_attention_values(
-                starts_host, q_lens, lens, table, num_tokens, num_blocks, block_size, max_blocks_per_req
+                starts_host,
+                q_lens,
+                lens,
+                table,
+                num_tokens,
+                num_blocks,
+                block_size,
+                max_blocks_per_req,
+                window,
             )
     elif num_reqs == 0 and num_tokens != 0:
         raise KernelShapeError(f"query has {num_tokens} tokens but there are no requests")
@@ -446,6 +539,7 @@ def check_paged_attention(
         block_size=block_size,
         max_blocks_per_req=max_blocks_per_req,
         max_query_len=resolved_max_q,
+        window=window,
     )
 
 
@@ -458,6 +552,7 @@ def _check_attention_values(
     num_blocks: int,
     block_size: int,
     max_blocks_per_req: int,
+    window: AttentionWindow,
 ) -> None:
     if starts[0] != 0 or starts[-1] != num_tokens:
         raise KernelValueError(
@@ -482,15 +577,24 @@ def _check_attention_values(
             )
     if max_blocks_per_req == 0:
         return
-    pages_used = (seq_lens.to(torch.int64) + block_size - 1) // block_size
+    # A request reads the blocks of positions first_key(its first query) .. seq_len - 1; the entries
+    # before them (outside its window: released, NO_BLOCK) and after them are never read.
+    seq64 = seq_lens.to(torch.int64)
+    pages_used = (seq64 + block_size - 1) // block_size
+    context = seq64 - torch.tensor(q_lens, dtype=torch.int64, device=seq64.device)
+    first_key = window.first_keys(context)
+    first_page = first_key // block_size
     columns = torch.arange(max_blocks_per_req, device=block_table.device)
-    used = columns[None, :] < pages_used[:, None]
+    used = (columns[None, :] < pages_used[:, None]) & (columns[None, :] >= first_page[:, None])
     bad = used & ((block_table < 0) | (block_table >= num_blocks))
     if bool(bad.any()):
         r, c = (int(x) for x in torch.nonzero(bad)[0].tolist())
+        seen = "" if window.kind == "full" else (
+            f" (its {window.kind} window reaches back to position {int(first_key[r])})"
+        )
         raise KernelValueError(
             f"block_table[{r}, {c}] = {int(block_table[r, c])} is not a block id in [0, num_blocks) = "
-            f"[0, {num_blocks}), and request {r} reads that block"
+            f"[0, {num_blocks}), and request {r} reads that block{seen}"
         )
 
 
@@ -499,9 +603,9 @@ def _check_attention_values(
 # --------------------------------------------------------------------------------------------------
 
 
-def check_gather_kv(cache: object, block_table_row: object, seq_len: object) -> int:
-    """Validate the arguments of ``gather_kv``; returns ``seq_len`` as an int. Reads the block ids
-    the request uses on the host."""
+def check_gather_kv(cache: object, block_table_row: object, seq_len: object, start: object = 0) -> int:
+    """Validate the arguments of ``gather_kv``; returns ``seq_len`` as an int. Reads the block ids of
+    positions ``start .. seq_len - 1`` on the host (the others are never read)."""
     c = _tensor("cache", cache)
     row = _tensor("block_table_row", block_table_row)
     _ndim("cache", c, 4, CACHE_LAYOUT)
@@ -516,14 +620,25 @@ def check_gather_kv(cache: object, block_table_row: object, seq_len: object) -> 
         raise KernelValueError(
             f"seq_len = {show(n)} exceeds what the row holds: {row.shape[0]} blocks of {block_size} tokens"
         )
-    used = row[: (n + block_size - 1) // block_size]
+    first = _int_arg("start", start, 0)
+    if first > n:
+        raise KernelValueError(f"start = {show(first)} exceeds seq_len = {n}")
+    used = row[first // block_size : (n + block_size - 1) // block_size]
     if used.numel() and bool(((used < 0) | (used >= num_blocks)).any()):
         raise KernelValueError(f"block_table_row names a block outside [0, num_blocks) = [0, {num_blocks})")
     return n
 
 
-def check_dense_attention(query: object, key: object, value: object, scale: object) -> float:
-    """Validate the arguments of ``dense_causal_attention``; returns ``scale`` as a float."""
+def check_dense_attention(
+    query: object,
+    key: object,
+    value: object,
+    scale: object,
+    sliding_window: object = None,
+    attention_chunk_size: object = None,
+) -> tuple[float, AttentionWindow]:
+    """Validate the arguments of ``dense_causal_attention``; returns ``scale`` as a float and the
+    window."""
     q, k, v = _tensor("query", query), _tensor("key", key), _tensor("value", value)
     for name, x in (("query", q), ("key", k), ("value", v)):
         _ndim(name, x, 3, "[tokens, heads, head_dim]")
@@ -543,4 +658,4 @@ def check_dense_attention(query: object, key: object, value: object, scale: obje
         )
     if seq_len < q_len:
         raise KernelShapeError(f"key holds {seq_len} tokens, fewer than the {q_len} queries")
-    return check_scale(scale)
+    return check_scale(scale), check_window(sliding_window, attention_chunk_size)

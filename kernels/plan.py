@@ -81,9 +81,12 @@ class AttentionPlan:
     request, one tile of ``block_q`` of its queries and one KV head, with all ``group`` query heads that
     read that KV head, so its ``block_m = block_q * group_pad`` rows share every K/V tile it loads. It
     walks at most ``tiles_per_split`` tiles of ``block_n`` keys: the part ``split`` of the keys its
-    queries can see. With ``num_splits > 1`` the programs write float32 partial results and a second
-    kernel (grid ``combine_grid``, one program per query token and KV head, looping over the splits)
-    merges them.
+    queries can see. Tiles start at the first key the program's first query sees (position 0 for full
+    attention, its window's start otherwise), so with a window of ``key_window`` tokens a program walks
+    at most ``cdiv(key_window - 1 + block_q, block_n)`` tiles whatever the sequence length
+    (``kv_tiles``: the most tiles one program may need). With ``num_splits > 1`` the programs write
+    float32 partial results and a second kernel (grid ``combine_grid``, one program per query token and
+    KV head, looping over the splits) merges them.
     """
 
     group: int
@@ -133,6 +136,7 @@ def plan_paged_attention(
     elem_bytes: int = 2,
     num_splits: int | None = None,
     sm_count: int | None = None,
+    key_window: int | None = None,
 ) -> AttentionPlan:
     """Choose tiles, splits and grids.
 
@@ -146,6 +150,10 @@ def plan_paged_attention(
         num_splits: forced number of key splits (clamped to the number of key tiles), or ``None``.
         sm_count: streaming multiprocessors of the GPU, used to choose ``num_splits`` when it is
             ``None``; ``None`` (CPU or interpreter) means one split.
+        key_window: most keys one query sees, ending at itself: the sliding window ``W`` or the
+            attention chunk ``C`` (a query at ``q`` sees keys from ``q - C + 1`` at the earliest);
+            ``None`` for full attention. A program's keys then span at most
+            ``key_window - 1 + min(block_q, max_query_len)`` positions.
     """
     group = num_q_heads // num_kv_heads
     group_pad = next_power_of_2(group)
@@ -155,7 +163,10 @@ def plan_paged_attention(
     head_pad = max(16, next_power_of_2(head_dim))
     block_n = max(16, min(BLOCK_N, KV_TILE_BYTES // (2 * head_pad * elem_bytes)))
     q_tiles = cdiv(max(max_query_len, 1), block_q)
-    kv_tiles = max(cdiv(max_kv_len, block_n), 1)
+    key_span = max_kv_len
+    if key_window is not None:
+        key_span = min(max_kv_len, key_window - 1 + min(block_q, max(max_query_len, 1)))
+    kv_tiles = max(cdiv(key_span, block_n), 1)
     base_programs = num_reqs * q_tiles * num_kv_heads
     if num_splits is None:
         if sm_count is None or base_programs == 0:

@@ -12,6 +12,8 @@ import torch
 
 from . import _docs
 from ._validation import (
+    FULL_ATTENTION,
+    AttentionWindow,
     check_copy_blocks,
     check_dense_attention,
     check_gather_kv,
@@ -63,65 +65,95 @@ def copy_blocks(
         cache[dst] = cache[src]
 
 
-def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Read one request's ``seq_len`` tokens from a paged cache.
+def gather_kv(
+    cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, *, start: int = 0
+) -> torch.Tensor:
+    """Read positions ``start .. seq_len - 1`` of one request from a paged cache.
 
     Args:
         cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
-        block_table_row: int ``[max_blocks_per_req]``, the request's physical block ids.
-        seq_len: number of tokens to read (positions ``0 .. seq_len - 1``).
+        block_table_row: int ``[max_blocks_per_req]``, the request's physical block ids (position
+            ``p`` lives in block ``block_table_row[p // block_size]``). Entries of blocks wholly
+            before ``start`` are never read: they may be absent (``NO_BLOCK``).
+        seq_len: the request's length in tokens; positions up to ``seq_len - 1`` are read.
+        start: the first position to read, in ``[0, seq_len]`` (default 0: the whole request).
 
     Returns:
-        ``[seq_len, num_kv_heads, head_dim]``, a new tensor in the cache's dtype.
+        ``[seq_len - start, num_kv_heads, head_dim]``, a new tensor in the cache's dtype.
 
     Raises the kernels' typed errors (``KernelDTypeError``, ``KernelShapeError``,
-    ``KernelDeviceError``, ``KernelValueError``: ``seq_len`` beyond the row, a block id the request
-    reads outside the cache) before reading anything.
+    ``KernelDeviceError``, ``KernelValueError``: ``seq_len`` beyond the row, ``start`` outside
+    ``[0, seq_len]``, a block id it reads outside the cache) before reading anything.
     """
-    check_gather_kv(cache, block_table_row, seq_len)
-    return _gather(cache, block_table_row, seq_len)
+    check_gather_kv(cache, block_table_row, seq_len, start)
+    return _gather(cache, block_table_row, seq_len, int.__index__(start))
 
 
-def _gather(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """:func:`gather_kv` of validated arguments."""
+def _gather(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int, start: int = 0) -> torch.Tensor:
+    """:func:`gather_kv` of validated arguments: only the entries of positions ``start ..`` are read."""
     block_size = cache.shape[1]
-    positions = torch.arange(seq_len, device=cache.device)
+    positions = torch.arange(start, seq_len, device=cache.device)
     blocks = block_table_row.to(torch.int64)[positions // block_size]
     return cache[blocks, positions % block_size]
 
 
 def dense_causal_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    *,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of one request over its own contiguous K/V, computed in float32.
 
     Args:
         query: ``[q_len, num_q_heads, head_dim]``; query ``i`` sits at position ``seq_len - q_len + i``.
-        key: ``[seq_len, num_kv_heads, head_dim]`` with ``seq_len >= q_len``.
+        key: ``[seq_len, num_kv_heads, head_dim]`` with ``seq_len >= q_len``: positions ``0 ..``.
         value: same shape as ``key``.
         scale: softmax scale applied to ``q . k``.
+        sliding_window: ``W`` (tokens, counting the query token, as vLLM does): the query at
+            position ``q`` sees keys ``max(0, q - W + 1) .. q`` only. ``None``: no window.
+        attention_chunk_size: ``C`` (tokens, chunked local attention): the query at ``q`` sees keys
+            ``floor(q / C) * C .. q`` only. ``None``: no chunks. At most one of the two is given.
 
     Returns:
         ``[q_len, num_q_heads, head_dim]`` in ``query``'s dtype.
 
     Raises the kernels' typed errors for tensors of the wrong kind, shapes that do not fit
-    (``seq_len < q_len``, heads not a multiple) and a scale that is not a finite number.
+    (``seq_len < q_len``, heads not a multiple), a scale that is not a finite number, and a window or
+    chunk that is not an int >= 1, or both given (``KernelDTypeError``, ``KernelValueError``).
     """
-    return _dense(query, key, value, check_dense_attention(query, key, value, scale))
+    scale_value, window = check_dense_attention(
+        query, key, value, scale, sliding_window, attention_chunk_size
+    )
+    return _dense(query, key, value, scale_value, window)
 
 
-def _dense(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
-    """:func:`dense_causal_attention` of validated arguments."""
+def _dense(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    window: AttentionWindow = FULL_ATTENTION,
+    key_start: int = 0,
+) -> torch.Tensor:
+    """:func:`dense_causal_attention` of validated arguments; ``key``/``value`` hold positions
+    ``key_start .. seq_len - 1`` (the queries are the last ``q_len`` of them)."""
     q_len, num_q_heads, _ = query.shape
-    seq_len, num_kv_heads, _ = key.shape
+    num_keys, num_kv_heads, _ = key.shape
+    seq_len = key_start + num_keys
     group = num_q_heads // num_kv_heads
     q = query.float().transpose(0, 1)  # [Hq, q_len, D]
-    k = key.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, seq_len, D]
+    k = key.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, num_keys, D]
     v = value.float().repeat_interleave(group, dim=1).transpose(0, 1)
-    scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, q_len, seq_len]
+    scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, q_len, num_keys]
     q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
-    k_pos = torch.arange(seq_len, device=query.device)
+    k_pos = torch.arange(key_start, seq_len, device=query.device)
     visible = k_pos[None, :] <= q_pos[:, None]
+    if window.kind != "full":
+        visible &= k_pos[None, :] >= window.first_keys(q_pos)[:, None]
     scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v).transpose(0, 1).to(query.dtype)
@@ -137,6 +169,8 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
     max_query_len: int | None = None,
     num_splits: int | None = None,
     check_values: bool = True,
@@ -152,6 +186,8 @@ def paged_attention(
         max_query_len,
         num_splits,
         check_values,
+        sliding_window,
+        attention_chunk_size,
     )
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if problem.num_tokens == 0:
@@ -162,7 +198,9 @@ def paged_attention(
         begin, end = starts[r], starts[r + 1]
         if end == begin:
             continue
-        keys = _gather(key_cache, block_table[r], lens[r])
-        values = _gather(value_cache, block_table[r], lens[r])
-        out[begin:end] = _dense(query[begin:end], keys, values, float(scale))
+        # Only the keys the request's queries can see are read: its entries before them may be absent.
+        first = problem.window.first_key(lens[r] - (end - begin))
+        keys = _gather(key_cache, block_table[r], lens[r], first)
+        values = _gather(value_cache, block_table[r], lens[r], first)
+        out[begin:end] = _dense(query[begin:end], keys, values, float(scale), problem.window, first)
     return out

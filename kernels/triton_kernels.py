@@ -29,7 +29,7 @@ import triton
 from . import _docs
 from . import _triton_jit as jit
 from ._env import INTERPRET_ENV_VAR, interpreter_requested
-from ._validation import check_copy_blocks, check_paged_attention, check_write_kv
+from ._validation import check_copy_blocks, check_paged_attention, check_window, check_write_kv
 from .errors import BackendUnavailableError
 from .plan import AttentionPlan, plan_copy_blocks, plan_paged_attention, plan_write_kv
 
@@ -47,6 +47,8 @@ __all__ = [
 INTERPRETED: bool = not isinstance(jit.write_kv_kernel, triton.JITFunction)
 
 _LOG2_E = 1.4426950408889634
+# The kernel's compile-time code for each kind of attention window.
+_WINDOW_KINDS = {"full": 0, "sliding": 1, "chunked": 2}
 
 
 def kernel_mode() -> Literal["compiled", "interpreter"]:
@@ -159,6 +161,9 @@ def attention_plan_for(
     block_table: torch.Tensor,
     max_query_len: int,
     num_splits: int | None = None,
+    *,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
 ) -> AttentionPlan:
     """The launch plan :func:`paged_attention` uses for these tensors (shapes only; nothing is read).
 
@@ -167,8 +172,12 @@ def attention_plan_for(
         key_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
         block_table: ``[num_reqs, max_blocks_per_req]``.
         max_query_len: the longest query of a request, in tokens.
-        num_splits: as in :func:`paged_attention`.
+        num_splits, sliding_window, attention_chunk_size: as in :func:`paged_attention`.
+
+    Raises ``KernelDTypeError``/``KernelValueError`` for a window argument :func:`paged_attention`
+    would refuse.
     """
+    window = check_window(sliding_window, attention_chunk_size)
     device = query.device
     sm_count = _sm_count(device.index or 0) if device.type == "cuda" and not INTERPRETED else None
     return plan_paged_attention(
@@ -182,6 +191,7 @@ def attention_plan_for(
         elem_bytes=key_cache.element_size(),
         num_splits=num_splits,
         sm_count=sm_count,
+        key_window=window.key_span,
     )
 
 
@@ -195,6 +205,8 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
     max_query_len: int | None = None,
     num_splits: int | None = None,
     check_values: bool = True,
@@ -210,12 +222,23 @@ def paged_attention(
         max_query_len,
         num_splits,
         check_values,
+        sliding_window,
+        attention_chunk_size,
     )
     ensure_runnable(query.device)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if problem.num_tokens == 0:
         return out
-    plan = attention_plan_for(query, key_cache, block_table, problem.max_query_len, num_splits)
+    window = problem.window
+    plan = attention_plan_for(
+        query,
+        key_cache,
+        block_table,
+        problem.max_query_len,
+        num_splits,
+        sliding_window=window.size if window.kind == "sliding" else None,
+        attention_chunk_size=window.size if window.kind == "chunked" else None,
+    )
     split = plan.num_splits > 1
     if split:
         part_shape = (problem.num_tokens, problem.num_q_heads, plan.num_splits)
@@ -249,6 +272,8 @@ def paged_attention(
         plan.q_tiles,
         plan.tiles_per_split,
         plan.num_splits,
+        window.size,
+        WINDOW_KIND=_WINDOW_KINDS[window.kind],
         GROUP=plan.group,
         GROUP_PAD=plan.group_pad,
         BLOCK_Q=plan.block_q,

@@ -4,7 +4,8 @@
 dense attention uses) and scatters them into a paged cache through a block table in which requests of
 the same *share group* point at the same physical blocks for their common prefix. Physical block ids
 are shuffled and unused block-table entries hold ``-1``, so a kernel that reads outside a request's
-blocks, or ignores the table, gets caught.
+blocks, or ignores the table, gets caught. :func:`release_before` turns a table into what a hybrid
+engine holds for a sliding-window or chunked group: the entries before each request's window released.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ._validation import NO_BLOCK, check_window
 from .plan import cdiv
 
-__all__ = ["PagedBatch", "PagedLayout", "build_paged_batch", "make_layout"]
+__all__ = ["PagedBatch", "PagedLayout", "build_paged_batch", "first_keys", "make_layout", "release_before"]
 
-UNUSED_BLOCK = -1
+UNUSED_BLOCK = NO_BLOCK
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,28 @@ def make_layout(
     return PagedLayout(block_size, num_blocks, tables, shared, group_blocks)
 
 
+def first_keys(
+    context_lens: Sequence[int],
+    *,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
+) -> list[int]:
+    """Per request, the first key position its queries see when its first query is at position
+    ``context_lens[r]`` (0 without a window; see ``paged_attention``)."""
+    window = check_window(sliding_window, attention_chunk_size)
+    return [window.first_key(n) for n in context_lens]
+
+
+def release_before(block_table: torch.Tensor, first_key: Sequence[int], block_size: int) -> torch.Tensor:
+    """A copy of ``block_table`` (``[num_reqs, max_blocks_per_req]``) with the entries wholly before
+    position ``first_key[r]`` of row ``r`` set to ``NO_BLOCK``: the entries SEMANTICS.md section 8
+    releases, which ``paged_attention`` with that window never reads."""
+    table = block_table.clone()
+    for r, first in enumerate(first_key):
+        table[r, : first // block_size] = NO_BLOCK
+    return table
+
+
 @dataclass(frozen=True)
 class PagedBatch:
     """One attention problem: the paged inputs plus each request's own contiguous K/V.
@@ -122,6 +146,15 @@ class PagedBatch:
     @property
     def max_query_len(self) -> int:
         return max(self.query_lens, default=0)
+
+    def released_table(
+        self, *, sliding_window: int | None = None, attention_chunk_size: int | None = None
+    ) -> torch.Tensor:
+        """``block_table`` with every entry before the window of each request's first query released
+        (``NO_BLOCK``), as a hybrid engine's sliding or chunked group holds it (:func:`release_before`)."""
+        context = [s - q for s, q in zip(self.seq_lens.tolist(), self.query_lens, strict=True)]
+        firsts = first_keys(context, sliding_window=sliding_window, attention_chunk_size=attention_chunk_size)
+        return release_before(self.block_table, firsts, self.layout.block_size)
 
     def attention_args(
         self,

@@ -118,6 +118,9 @@ class EngineSpec:
     label: str
     engine: str
     free_order: str | None
+    measure_memory: bool = True
+    """Walk the engine's objects for its metadata bytes (off for an engine given with ``--engine``,
+    whose object graph reaches into its own package: the bytes would not compare)."""
 
 
 ENGINES: tuple[EngineSpec, ...] = (
@@ -370,12 +373,12 @@ def run_engine(
     engine: object = timed[0].inner
     census = cache_census(engine)
     metadata: int | None = None
-    if memory == "walk":
+    if memory == "walk" and spec.measure_memory:
         _drop_transient(engine)
         metadata = reachable_bytes(engine)
     del engine
     timed.clear()
-    if memory == "tracemalloc":
+    if memory == "tracemalloc" and spec.measure_memory:
         metadata = _traced_metadata_bytes(requests, cfg, base)
     return EngineRun(
         label=spec.label, free_order=spec.free_order, result=result, engine_s=engine_s,
@@ -601,6 +604,8 @@ _H_MEMORY = ("metadata bytes: walk (getsizeof of the reachable state), tracemall
 _H_PLOT = "write hit rate, ops/s and bytes per block against capacity as PNG (needs matplotlib)"
 _H_PROGRESS = "progress bar (default: on a terminal, for long runs)"
 _H_HASH = "the hash engine's block key hash: sha256 or xxh3_128"
+_H_ENGINE = ("also run this engine beside the others (repeatable): a short name (vllm, sglang, spec, ...) "
+             "or module:factory, with its own policy (its metadata bytes are not measured)")
 
 
 def compare_engines_command(
@@ -613,6 +618,7 @@ def compare_engines_command(
     max_output: Annotated[int | None, typer.Option(min=0, help="cap each request's output_length")] = None,
     hash_algo: Annotated[str, typer.Option(help=_H_HASH)] = "sha256",
     engines: Annotated[str, typer.Option(help=_H_ENGINES)] = "all",
+    engine: Annotated[list[str] | None, typer.Option("--engine", help=_H_ENGINE)] = None,
     memory: Annotated[str, typer.Option(help=_H_MEMORY)] = "walk",
     csv_path: Annotated[Path | None, typer.Option("--csv", help="write one CSV row per run")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
@@ -626,7 +632,7 @@ def compare_engines_command(
     if not out.is_terminal:
         out = Console(width=160)
     capacities, chosen, names = _check_options(num_blocks, engines, trace, memory, block_size, max_running,
-                                               decode_chunk, max_output, hash_algo)
+                                               decode_chunk, max_output, hash_algo, engine or [])
     problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
     if problem is not None:
         raise fail(COMMAND, problem)
@@ -677,7 +683,7 @@ COMMAND = "compare-engines"
 
 def _check_options(
     num_blocks: str, engines: str, trace: str, memory: str, block_size: int, max_running: int,
-    decode_chunk: int, max_output: int | None, hash_algo: str,
+    decode_chunk: int, max_output: int | None, hash_algo: str, extra: Sequence[str] = (),
 ) -> tuple[list[int | None], tuple[EngineSpec, ...], list[str]]:
     """The capacities, engines and trace names of the command line, every option checked (one
     plain error line and exit 2 otherwise), before anything is loaded."""
@@ -685,7 +691,8 @@ def _check_options(
     if memory not in MEMORY_METHODS:
         raise fail(COMMAND, f"--memory must be one of {', '.join(MEMORY_METHODS)}")
     try:
-        chosen = parse_engines(engines)
+        given = tuple(EngineSpec(name, name, None, measure_memory=False) for name in extra)
+        chosen = parse_engines(engines) + given
         for cap in capacities:
             ReplayConfig(block_size=block_size, num_blocks=cap, max_running=max_running,
                          decode_chunk=decode_chunk, max_output=max_output, hash_algo=hash_algo).validate()

@@ -83,7 +83,7 @@ class ReplayConfig:
         hash_algo, hash_seed, free_order, dedup_on_full: passed to :class:`CacheConfig`.
         groups: hybrid KV-cache groups (SEMANTICS.md section 8) over the one pool, e.g. a
             gpt-oss-like ``(full(16), sliding(128, 16))``; ``None``: the one full-attention group.
-            With groups, ``block_size`` must be their gcd (:meth:`with_groups` sets it).
+            With groups, ``block_size`` must be their gcd (``pagedprefix replay --groups`` sets it).
         retention: ``"replay"`` (default) or ``"dense"``, for the sliding and Mamba groups.
     """
 
@@ -282,6 +282,189 @@ class ReplayStopped(Exception):
     """Raised by an executor to end the replay early (the lockstep executor, at a divergence)."""
 
 
+def decode_starts(requests: Sequence[TraceRequest], config: ReplayConfig) -> list[int]:
+    """Where each request's decode tokens start in the reserved range (prefix sums of
+    ``samples * output_length``), so every sequence of every request decodes unique tokens."""
+    starts: list[int] = []
+    acc = 0
+    for r in requests:
+        starts.append(acc)
+        acc += config.output_length(r) * config.samples
+    return starts
+
+
+class Scheduler:
+    """One engine's scheduler of the replay model (module docstring): a FIFO waiting queue, at most
+    ``max_running`` admitted requests, one decode step at a time, preemption on ``OutOfBlocks``.
+
+    :func:`run_replay` drives one; the cluster replay (``pagedprefix.cluster``) drives one per
+    replica under a shared clock. Requests are named by their index in ``requests`` (the whole
+    trace); counters go to ``result`` and ``hits[i]`` is request ``i``'s hit at its first admission
+    here (``-1``: never admitted here). ``finished`` counts requests completed, rejected or aborted.
+    """
+
+    def __init__(self, ex: Executor, requests: Sequence[TraceRequest], config: ReplayConfig,
+                 result: ReplayResult, starts: Sequence[int]) -> None:
+        self.ex = ex
+        self.reqs = requests
+        self.config = config
+        self.result = result
+        self.starts = starts
+        self.outs = [config.output_length(r) for r in requests]
+        self.hits = [-1] * len(requests)
+        self.delayed = [False] * len(requests)
+        self.waits: list[float] = []
+        self.waiting: deque[int] = deque()
+        self.running: list[_Run] = []
+        self.finished = 0
+        self._head_tokens: tuple[int, list[int]] | None = None
+        self._retry_admission = True
+        count = getattr(ex.engine, "orphans", None)  # hybrid engines: the orphans diagnostic
+        self._count_orphans: Callable[[], int] | None = count if callable(count) else None
+        self._orphan_samples: list[int] = []
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request waits or runs here."""
+        return bool(self.waiting or self.running)
+
+    def enqueue(self, i: int) -> None:
+        """Request ``i`` arrives: it joins the tail of the waiting queue."""
+        self.waiting.append(i)
+
+    def _rid(self, i: int, s: int) -> int:
+        return i * self.config.samples + s
+
+    def _release(self, run: _Run) -> None:
+        for s in reversed(range(self.config.samples)):
+            self.ex.free(self._rid(run.index, s))
+        run.alive = False
+        self.running.remove(run)
+        self._retry_admission = True
+
+    def _finish(self) -> None:
+        self.finished += 1
+        if self._count_orphans is not None and self.finished % ORPHAN_SAMPLE == 0:
+            self._orphan_samples.append(int(self._count_orphans()))
+
+    def admit(self, clock: float) -> None:
+        """Admit from the head of the queue, FIFO, while fewer than ``max_running`` run (``clock``:
+        the simulated ms now, for waiting times when arrival times are on)."""
+        config, result = self.config, self.result
+        while self.waiting and len(self.running) < config.max_running and self._retry_admission:
+            i = self.waiting[0]
+            req = self.reqs[i]
+            if self._head_tokens is None or self._head_tokens[0] != i:
+                self._head_tokens = (i, prompt_tokens(req.hash_ids, req.input_length))
+            try:
+                alloc = self.ex.allocate(self._rid(i, 0), req, self._head_tokens[1])
+            except OutOfBlocks as exc:
+                if exc.never_fits or not self.running:
+                    # Cannot fit even with nothing else running: never wait on it.
+                    self.waiting.popleft()
+                    self._head_tokens = None
+                    if self.hits[i] < 0:
+                        result.rejected += 1
+                    else:
+                        result.aborted += 1
+                    self._finish()
+                    continue
+                self.delayed[i] = True
+                self._retry_admission = False
+                break
+            self.waiting.popleft()
+            self._head_tokens = None
+            if self.hits[i] < 0:
+                self.hits[i] = alloc.num_computed_tokens
+                result.admitted += 1
+                if config.step_ms is not None:
+                    self.waits.append(clock - float(req.timestamp))
+            for s in range(1, config.samples):
+                self.ex.fork(self._rid(i, 0), self._rid(i, s))
+            self.running.append(_Run(i))
+
+    def decode(self) -> None:
+        """One decode step: every running sequence appends up to ``decode_chunk`` tokens; finished
+        requests are freed; ``OutOfBlocks`` preempts the latest admitted request (or aborts a
+        request that runs alone)."""
+        for run in list(self.running):
+            if run.alive:
+                self._decode_one(run)
+
+    def _decode_one(self, run: _Run) -> None:
+        config, result = self.config, self.result
+        i = run.index
+        count = min(config.decode_chunk, self.outs[i] - run.decoded)
+        for s in range(config.samples if count > 0 else 0):
+            start = self.starts[i] + s * self.outs[i] + run.decoded
+            toks = decode_tokens(start, count)
+            while run.alive:
+                try:
+                    res = self.ex.append(self._rid(i, s), start, toks)
+                except OutOfBlocks:
+                    victim = self.running[-1]
+                    if victim is run and len(self.running) == 1:
+                        self._release(run)
+                        result.aborted += 1
+                        self._finish()
+                    else:
+                        self._release(victim)
+                        self.waiting.appendleft(victim.index)
+                        self.delayed[victim.index] = True
+                        result.preemptions += 1
+                    continue
+                result.cow_copies += len(res.copies)
+                result.decode_tokens += count
+                break
+            if not run.alive:
+                return
+        run.decoded += count
+        if run.decoded >= self.outs[i]:
+            self._release(run)
+            result.completed += 1
+            self._finish()
+
+    def requeue_running(self) -> list[int]:
+        """Forget every running request (its engine is gone: a restart) and put it back at the front
+        of the queue in admission order, to be admitted again; returns their indexes. Their hits
+        stay those of their first admission."""
+        indexes = [run.index for run in self.running]
+        for run in self.running:
+            run.alive = False
+        self.running.clear()
+        self.waiting.extendleft(reversed(indexes))
+        self._head_tokens = None
+        self._retry_admission = True
+        return indexes
+
+    def settle(self, with_bound: bool = True) -> None:
+        """Fill ``result`` when the replay ends: hits, token and block counts over *every* request
+        of ``requests`` (so a replica's share of a cluster is summed by the caller, not here),
+        waits, peak usage, evictions and, if asked, the unbounded bound."""
+        result, bsz = self.result, self.config.block_size
+        self.ex.finish(result)
+        result.hits = self.hits
+        result.delayed = sum(self.delayed)
+        result.operations = self.ex.operations
+        result.peak_blocks_in_use = self.ex.peak_in_use
+        result.evictions = self.ex.evictions()
+        if self._count_orphans is not None:
+            result.orphans = int(self._count_orphans())
+            result.orphans_peak = max([*self._orphan_samples, result.orphans])
+        for r, h in zip(self.reqs, self.hits):
+            result.prompt_tokens += r.input_length
+            result.prompt_blocks += -(-r.input_length // bsz)
+            if h > 0:
+                result.hit_tokens += h
+                result.hit_blocks += h // bsz
+        if self.waits:
+            result.mean_wait_ms = sum(self.waits) / len(self.waits)
+        if with_bound:
+            bound = prefix_hit_bound(self.reqs, bsz)
+            result.bound_token_hit_rate = bound.token_hit_rate
+            result.bound_block_hit_rate = bound.block_hit_rate
+
+
 def run_replay(
     requests: Sequence[TraceRequest],
     config: ReplayConfig,
@@ -311,143 +494,40 @@ def run_replay(
     config.validate()
     reqs = check_requests(requests)
     n = len(reqs)
-    bsz = config.block_size
     unbounded = config.num_blocks is None
     num_blocks = unbounded_blocks(reqs, config) if config.num_blocks is None else config.num_blocks
     cache_config = config.cache_config(num_blocks)
     engine = factory(cache_config)
     ex = executor(engine, cache_config)
-
     result = ReplayResult(
-        engine=engine_name, trace=trace_name, block_size=bsz, num_blocks=num_blocks, unbounded=unbounded,
-        max_running=config.max_running, decode_chunk=config.decode_chunk, samples=config.samples,
-        requests=n, groups=config.describe_groups(),
+        engine=engine_name, trace=trace_name, block_size=config.block_size, num_blocks=num_blocks,
+        unbounded=unbounded, max_running=config.max_running, decode_chunk=config.decode_chunk,
+        samples=config.samples, requests=n, groups=config.describe_groups(),
         retention=config.retention if config.groups is not None else "",
     )
-    count_orphans = getattr(engine, "orphans", None)
-    if not callable(count_orphans):
-        count_orphans = None
-    orphan_samples: list[int] = []
-    samples = config.samples
-    outs = [config.output_length(r) for r in reqs]
-    decode_start: list[int] = []
-    acc = 0
-    for o in outs:
-        decode_start.append(acc)
-        acc += o * samples
-    hits = [-1] * n
-    delayed = [False] * n
-    waits: list[float] = []
-    waiting: deque[int] = deque()
-    running: list[_Run] = []
+    sched = Scheduler(ex, reqs, config, result, decode_starts(reqs, config))
     next_arrival = 0
     clock = 0.0
-    head_tokens: tuple[int, list[int]] | None = None
-    retry_admission = True
-    finished = 0
+    reported = 0
     t0 = time.perf_counter()
-
-    def rid(i: int, s: int) -> int:
-        return i * samples + s
-
-    def release(run: _Run) -> None:
-        nonlocal retry_admission
-        for s in reversed(range(samples)):
-            ex.free(rid(run.index, s))
-        run.alive = False
-        running.remove(run)
-        retry_admission = True
-
-    def report() -> None:
-        if progress is not None:
-            progress(finished, n)
-
     try:
-        while next_arrival < n or waiting or running:
+        while next_arrival < n or sched.busy:
             # Arrivals.
             if config.step_ms is None:
-                waiting.extend(range(next_arrival, n))
+                for i in range(next_arrival, n):
+                    sched.enqueue(i)
                 next_arrival = n
             else:
-                if not waiting and not running and next_arrival < n:
+                if not sched.busy and next_arrival < n:
                     clock = max(clock, float(reqs[next_arrival].timestamp))
                 while next_arrival < n and reqs[next_arrival].timestamp <= clock:
-                    waiting.append(next_arrival)
+                    sched.enqueue(next_arrival)
                     next_arrival += 1
-            # Admission, FIFO.
-            while waiting and len(running) < config.max_running and retry_admission:
-                i = waiting[0]
-                req = reqs[i]
-                if head_tokens is None or head_tokens[0] != i:
-                    head_tokens = (i, prompt_tokens(req.hash_ids, req.input_length))
-                try:
-                    alloc = ex.allocate(rid(i, 0), req, head_tokens[1])
-                except OutOfBlocks as exc:
-                    if exc.never_fits or not running:
-                        # Cannot fit even with nothing else running: never wait on it.
-                        waiting.popleft()
-                        head_tokens = None
-                        if hits[i] < 0:
-                            result.rejected += 1
-                        else:
-                            result.aborted += 1
-                        finished += 1
-                        report()
-                        continue
-                    delayed[i] = True
-                    retry_admission = False
-                    break
-                waiting.popleft()
-                head_tokens = None
-                if hits[i] < 0:
-                    hits[i] = alloc.num_computed_tokens
-                    result.admitted += 1
-                    if config.step_ms is not None:
-                        waits.append(clock - float(req.timestamp))
-                for s in range(1, samples):
-                    ex.fork(rid(i, 0), rid(i, s))
-                running.append(_Run(i))
-            # One decode step.
-            for run in list(running):
-                if not run.alive:
-                    continue
-                i = run.index
-                count = min(config.decode_chunk, outs[i] - run.decoded)
-                for s in range(samples if count > 0 else 0):
-                    start = decode_start[i] + s * outs[i] + run.decoded
-                    toks = decode_tokens(start, count)
-                    while run.alive:
-                        try:
-                            res = ex.append(rid(i, s), start, toks)
-                        except OutOfBlocks:
-                            victim = running[-1]
-                            if victim is run and len(running) == 1:
-                                release(run)
-                                result.aborted += 1
-                                finished += 1
-                                report()
-                            else:
-                                release(victim)
-                                waiting.appendleft(victim.index)
-                                delayed[victim.index] = True
-                                result.preemptions += 1
-                            continue
-                        result.cow_copies += len(res.copies)
-                        result.decode_tokens += count
-                        break
-                    if not run.alive:
-                        break
-                if not run.alive:
-                    continue
-                run.decoded += count
-                if run.decoded >= outs[i]:
-                    release(run)
-                    result.completed += 1
-                    finished += 1
-                    if finished % 64 == 0 or finished == n:
-                        report()
-                    if count_orphans is not None and finished % ORPHAN_SAMPLE == 0:
-                        orphan_samples.append(int(count_orphans()))
+            sched.admit(clock)
+            sched.decode()
+            if progress is not None and sched.finished >= reported + 64:
+                reported = sched.finished
+                progress(sched.finished, n)
             result.steps += 1
             if config.step_ms is not None:
                 clock += config.step_ms
@@ -455,26 +535,7 @@ def run_replay(
         pass
     finally:
         result.wall_s = time.perf_counter() - t0
-    ex.finish(result)
-    result.hits = hits
-    result.delayed = sum(delayed)
-    result.operations = ex.operations
-    result.peak_blocks_in_use = ex.peak_in_use
-    result.evictions = ex.evictions()
-    if count_orphans is not None:
-        result.orphans = int(count_orphans())
-        result.orphans_peak = max([*orphan_samples, result.orphans])
-    for r, h in zip(reqs, hits):
-        result.prompt_tokens += r.input_length
-        result.prompt_blocks += -(-r.input_length // bsz)
-        if h > 0:
-            result.hit_tokens += h
-            result.hit_blocks += h // bsz
-    if waits:
-        result.mean_wait_ms = sum(waits) / len(waits)
-    if with_bound:
-        bound = prefix_hit_bound(reqs, bsz)
-        result.bound_token_hit_rate = bound.token_hit_rate
-        result.bound_block_hit_rate = bound.block_hit_rate
-    report()
+    sched.settle(with_bound)
+    if progress is not None:
+        progress(sched.finished, n)
     return result

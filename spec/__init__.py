@@ -66,16 +66,20 @@ from .keys import HASH_ALGOS, HASH_FUNCTIONS, chain_keys, encode_block, encode_r
 from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, available_memory, check_memory
 
 
-def create_cache(config: CacheConfig) -> SpecCache | HybridSpecCache:
+def create_cache(config: CacheConfig, *, events: bool = False) -> SpecCache | HybridSpecCache:
     """The spec cache ``config`` needs: :class:`SpecCache` for the one full-attention group (the
     default ``groups=None`` or ``(full(block_size),)``), :class:`HybridSpecCache` otherwise.
+    ``events=True`` records the KV-cache events of SEMANTICS.md section 9 (``SpecCache.create``).
 
-    Raises :class:`InvalidConfig`.
+    Raises :class:`InvalidConfig` (also for ``events=True`` with hybrid groups: the hybrid cache
+    records no events yet).
     """
     check_config(config)
     if is_hybrid(config.groups, config.block_size):
+        if events:
+            raise InvalidConfig("KV-cache events are recorded for the one full-attention group only")
         return HybridSpecCache.create(config)
-    return SpecCache.create(config)
+    return SpecCache.create(config, events=events)
 
 
 __all__ = [

@@ -4,12 +4,15 @@
 over speed: plain lists and dicts, keys recomputed from scratch, linear scans of the
 free_block_queue. Each operation first checks everything that can fail (in the precedence order
 request id, tokens, extras, capacity) and only then changes state, so a failed operation leaves the
-state exactly as it was.
+state exactly as it was — and emits no KV-cache event: with ``SpecCache.create(config, events=True)``
+the cache records the event stream of SEMANTICS.md section 9 (:meth:`SpecCache.take_events`), whose
+counting subscriber holds exactly :meth:`SpecCache.cached_keys` after every operation.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +27,7 @@ from .errors import (
     UnknownRequest,
     safe_repr,
 )
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
 from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields, check_extras
 from .groups import GROUP_FREE_ORDERS, RETENTIONS, Groups, check_groups, is_hybrid
 from .keys import HASH_ALGOS, SEEDED_BY_DEFAULT, chain_keys, hash_function, root_key
@@ -283,10 +287,15 @@ class SpecCache:
     requests: dict[RequestId, Request] = field(default_factory=dict)
     num_evictions: int = 0
     num_verify_misses: int = 0
+    events: list[Event] | None = None
+    """KV-cache events not yet taken (:meth:`take_events`); ``None`` when they are not recorded."""
 
     @classmethod
-    def create(cls, config: CacheConfig) -> SpecCache:
+    def create(cls, config: CacheConfig, *, events: bool = False) -> SpecCache:
         """A cache with every block free.
+
+        ``events=True`` records the KV-cache event stream of SEMANTICS.md section 9 for
+        :meth:`take_events` (off by default: a cache nobody reads the events of would keep them all).
 
         Raises :class:`InvalidConfig` (:func:`check_config`, hybrid ``groups`` — build those with
         ``pagedprefix.spec.create_cache`` —, and a pool whose estimated
@@ -304,6 +313,7 @@ class SpecCache:
             root=root,
             blocks=[Block() for _ in range(config.num_blocks)],
             free_block_queue=list(range(config.num_blocks)),
+            events=[] if events else None,
         )
 
     # ----- keys and content -------------------------------------------------------------------
@@ -355,9 +365,10 @@ class SpecCache:
             hits.append(b)
         return hits, False
 
-    def _register(self, request: Request, block_index: int, key: bytes) -> None:
-        """Give a newly full block its key. Under ``dedup_on_full``, a key already cached on another
-        block swaps that block into the table and releases the new one like a keyless freed block."""
+    def _register(self, request: Request, block_index: int, key: bytes) -> bool:
+        """Give a newly full block its key; True when it got it. Under ``dedup_on_full``, a key
+        already cached on another block swaps that block into the table and releases the new one
+        like a keyless freed block (False: no key entered the index, so no event either)."""
         b = request.block_table[block_index]
         assert self.blocks[b].block_hash is None and self.blocks[b].ref_cnt == 1
         content = self._content(request.tokens, request.extras, block_index)
@@ -367,16 +378,44 @@ class SpecCache:
                 request.block_table[block_index] = other
                 self._touch(other)
                 self._release(b)
-                return
+                return False
         self.blocks[b].block_hash = key
         self.blocks[b].content = content
         self.cached.setdefault(key, []).append(b)
+        return True
 
     def _register_full_blocks(self, request: Request, first: int) -> None:
-        """Register blocks ``first ..`` that are full, in table order."""
+        """Register blocks ``first ..`` that are full, in table order; one ``BlockStored`` per run
+        of consecutive blocks that got keys (a ``dedup_on_full`` swap ends a run)."""
         keys = self._keys(request.tokens, request.extras)
+        run = first  # the first block of the current run
         for i in range(first, len(keys)):
-            self._register(request, i, keys[i])
+            if not self._register(request, i, keys[i]):
+                self._stored(request, keys, run, i)
+                run = i + 1
+        self._stored(request, keys, run, len(keys))
+
+    # ----- events (SEMANTICS.md section 9) ----------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        if self.events is not None:
+            self.events.append(event)
+
+    def _stored(self, request: Request, keys: list[bytes], start: int, stop: int) -> None:
+        """Emit ``BlockStored`` for blocks ``start .. stop - 1`` of ``request`` (none if empty):
+        their keys, the key before them as parent, their tokens and each block's extra fields."""
+        if start >= stop or self.events is None:
+            return
+        size = self.config.block_size
+        self._emit(
+            BlockStored(
+                block_hashes=tuple(keys[start:stop]),
+                parent_block_hash=keys[start - 1] if start else None,
+                token_ids=tuple(request.tokens[start * size : stop * size]),
+                block_size=size,
+                extras=tuple(block_extra_fields(request.extras, i, size) for i in range(start, stop)),
+            )
+        )
 
     def _evict(self, b: int) -> None:
         """Drop block ``b``'s key from the index: it is about to hold other content."""
@@ -388,6 +427,7 @@ class SpecCache:
         self.blocks[b].block_hash = None
         self.blocks[b].content = None
         self.num_evictions += 1
+        self._emit(BlockRemoved((key,)))
 
     # ----- the free_block_queue ---------------------------------------------------------------
 
@@ -535,8 +575,9 @@ class SpecCache:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every key, only when no block is in use; the free_block_queue order is kept.
+        Emits ``AllBlocksCleared`` (even when no key was cached: the reset is announced).
 
-        Returns False and changes nothing while any block has ``ref_cnt > 0``.
+        Returns False and changes nothing (emits nothing) while any block has ``ref_cnt > 0``.
         """
         if any(block.ref_cnt > 0 for block in self.blocks):
             return False
@@ -544,7 +585,38 @@ class SpecCache:
         for block in self.blocks:
             block.block_hash = None
             block.content = None
+        self._emit(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list[Event]:
+        """The KV-cache events emitted since the last call, oldest first (SEMANTICS.md section 9).
+
+        Every operation appends, in order: ``BlockRemoved((key,))`` for each block whose key
+        left the index (an eviction, in the order blocks are popped); ``BlockStored`` for each run
+        of consecutive blocks of one request that got keys (one entry per *block*: a block that
+        fills up with a key another block already holds is a duplicate copy and is stored again;
+        parent = the key of the block before the run, ``None`` for block 0; the run's tokens and
+        each block's extra fields, ``spec/extras.py``); ``AllBlocksCleared`` on a successful
+        ``reset_prefix_cache``. A failed operation, a refused reset and ``lookup`` emit nothing. A
+        ``dedup_on_full`` swap emits nothing either: the swapped-out block never got its key
+        (section 4), so no key entered or left the index.
+
+        **Counting copies.** A subscriber must keep a *count* per ``(group, key)``: ``+1`` for
+        each stored block, ``-1`` for each removed block, everything cleared by
+        ``AllBlocksCleared``, and the key present while its count is positive
+        (:func:`pagedprefix.spec.events.apply`). So counted, the stream applied in order from a
+        new cache gives exactly :meth:`cached_keys` after every operation; a set-based subscriber
+        forgets a key when the first of two copies is evicted although the other still serves it.
+
+        The events carry no sequence numbers: whoever publishes them numbers the batches from 0
+        for a new cache instance (:class:`pagedprefix.spec.events.EventBatch`).
+
+        Raises ``RuntimeError`` when the cache was created without ``events=True``.
+        """
+        if self.events is None:
+            raise RuntimeError("this cache does not record events: create it with events=True")
+        taken, self.events = self.events, []
+        return taken
 
     # ----- observations -----------------------------------------------------------------------
 
@@ -580,6 +652,11 @@ class SpecCache:
     def request_ids(self) -> tuple[RequestId, ...]:
         """Live request ids, ints first, each kind sorted."""
         return tuple(sorted(self.requests, key=request_sort_key))
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        """The observable index (SEMANTICS.md section 9): ``(group, key)`` -> number of blocks
+        holding the key now, in use and evictable alike (group 0: no hybrid groups here)."""
+        return Counter({(0, key): len(blocks) for key, blocks in self.cached.items()})
 
     def snapshot(self) -> Snapshot:
         """Every observable of the current state (see :class:`Snapshot`)."""

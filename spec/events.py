@@ -2,9 +2,15 @@
 
 Every operation appends, in order: :class:`BlockStored` for each run of blocks that got keys (one
 key per *block*, so a duplicate copy of a key is stored again), :class:`BlockRemoved` for each
-block whose key left the index (an eviction, a ``dedup_on_full`` release), and
-:class:`AllBlocksCleared` on a successful ``reset_prefix_cache``. A failed operation emits
-nothing. Events travel in :class:`EventBatch` es numbered from 0 for a new engine instance.
+block whose key left the index (an eviction; under ``dedup_on_full`` the block a swap releases never
+got its key, section 4, so the swap emits nothing), and :class:`AllBlocksCleared` on a successful
+``reset_prefix_cache``. A failed operation emits nothing. Events travel in :class:`EventBatch` es
+numbered from 0 for a new engine instance. :meth:`pagedprefix.spec.SpecCache.take_events` emits
+this stream (``SpecCache.create(config, events=True)``); so does ``pagedprefix.impl.BlockManager``.
+
+Hybrid KV-cache groups (SEMANTICS.md section 8) will emit per-group events: every event already
+carries its ``group`` (0 for the single full-attention group of sections 1-7), and the subscriber
+keys its index by ``(group, key)``.
 
 A subscriber that applies the stream in order and *counts copies* (:func:`apply`: ``+1`` per
 stored block, ``-1`` per removed block, a key present while its count is positive) holds exactly

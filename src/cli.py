@@ -97,6 +97,7 @@ def _register() -> None:
     if _registered:
         return
     _registered.append(True)
+    from pagedprefix.cluster.cli import register as register_cluster
     from pagedprefix.conformance.cli import register as register_conformance
     from pagedprefix.model.cli import register as register_model
     from pagedprefix.replay.cli import register as register_replay
@@ -104,6 +105,7 @@ def _register() -> None:
     register_conformance(app, trace_group=_trace_slice_group)
     register_replay(app)
     register_model(app)
+    register_cluster(app)
 
 
 def main(argv: list[str] | None = None) -> None:

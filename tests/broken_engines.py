@@ -13,10 +13,25 @@ spec's capabilities (so the suite believes it is a faithful engine):
   it raises OutOfBlocks (atomic-failure);
 - ``forgets_on_free``: free drops the keys of the blocks it releases, so nothing outlives its request
   — correct, but not maximal (maximal-hits).
+
+Engines whose cache is right but whose KV-cache events (SEMANTICS.md section 9) are not; they
+declare ``events`` (each is the spec recording its events, with one fault in the stream):
+
+- ``silent_eviction``: an eviction publishes no ``BlockRemoved`` (event-index);
+- ``no_clear_on_reset``: a reset publishes no ``AllBlocksCleared`` (event-sequence);
+- ``root_parent``: every stored run names no parent, as if it started at block 0 (event-parents);
+- ``drops_duplicates``: a duplicate copy of a key is not stored again, so a counting subscriber
+  loses the key when the other copy is evicted (event-index);
+- ``shared_numbering``: batches are numbered by one counter for every instance in the process, so
+  a new instance does not start at 0 and a subscriber cannot see the restart (event-sequence);
+- ``bare_extras``: events carry extra keys as bare strings, as vLLM's do (a LoRA by its name, a
+  salt by its text): LoRA ``("x", 1)`` and ``("x", 2)``, or salt ``"x"`` and LoRA ``"x"``, look alike
+  (event-extras).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -36,6 +51,8 @@ from pagedprefix.spec import (
     check_tokens,
 )
 from pagedprefix.spec.cache import Request
+from pagedprefix.spec.events import AllBlocksCleared, BlockStored, Event, EventBatch
+from pagedprefix.spec.extras import ExtraField
 
 
 def _unsalted(extras: Extras) -> Extras:
@@ -169,6 +186,94 @@ class ForgetsOnFree(SpecCache):
                 self._evict(b)
 
 
+class SilentEviction(SpecCache):
+    """Evicts correctly, publishes no BlockRemoved."""
+
+    def _evict(self, b: int) -> None:
+        events, self.events = self.events, None
+        try:
+            super()._evict(b)
+        finally:
+            self.events = events
+
+
+class NoClearOnReset(SpecCache):
+    """Resets correctly, publishes no AllBlocksCleared."""
+
+    def reset_prefix_cache(self) -> bool:
+        done = super().reset_prefix_cache()
+        if done and self.events and isinstance(self.events[-1], AllBlocksCleared):
+            self.events.pop()
+        return done
+
+
+class RootParent(SpecCache):
+    """Every stored run names no parent."""
+
+    def _emit(self, event: Event) -> None:
+        if isinstance(event, BlockStored):
+            event = replace(event, parent_block_hash=None)
+        super()._emit(event)
+
+
+class DropsDuplicates(SpecCache):
+    """A block whose key another block already holds is left out of BlockStored."""
+
+    def _emit(self, event: Event) -> None:
+        if isinstance(event, BlockStored):
+            size = event.block_size
+            keep = [j for j, k in enumerate(event.block_hashes) if len(self.cached[k]) == 1]
+            if not keep:
+                return
+            event = BlockStored(
+                tuple(event.block_hashes[j] for j in keep),
+                event.parent_block_hash,
+                tuple(t for j in keep for t in event.token_ids[j * size : (j + 1) * size]),
+                size,
+                tuple(event.extras[j] for j in keep),
+            )
+        super()._emit(event)
+
+
+class BareExtras(SpecCache):
+    """Events carry a block's LoRA name and salt as bare strings (tag 0), ids dropped."""
+
+    def _stored(self, request: Request, keys: list[bytes], start: int, stop: int) -> None:
+        before = len(self.events or [])
+        super()._stored(request, keys, start, stop)
+        if self.events is None or len(self.events) == before:
+            return
+        event = self.events.pop()
+        assert isinstance(event, BlockStored)
+        extras = request.extras
+        bare = []
+        for i in range(start, stop):
+            values = [extras.lora.name] if extras.lora is not None else []
+            if i == 0 and extras.cache_salt:
+                values.append(extras.cache_salt)
+            bare.append(tuple(ExtraField(0, v.encode()) for v in values))
+        self.events.append(replace(event, extras=tuple(bare)))
+
+
+class SharedNumberingAdapter(SpecShapedAdapter):
+    """Numbers event batches with one counter for the whole process."""
+
+    numbers = itertools.count()
+
+    def take_events(self) -> list[EventBatch]:
+        return [EventBatch(next(self.numbers), b.events) for b in super().take_events()]
+
+
+def _events_factory(
+    cls: type[SpecCache], adapter: type[SpecShapedAdapter] = SpecShapedAdapter
+) -> AdapterFactory:
+    def factory(config: CacheConfig) -> PrefixCacheAdapter:
+        return adapter(cls.create(config, events=True), spec_capabilities(config, groups=False, events=True))
+
+    factory.__name__ = cls.__name__
+    return factory
+
+
 def _factory(cls: type[SpecCache]) -> AdapterFactory:
     def factory(config: CacheConfig) -> PrefixCacheAdapter:
         cache = cls.create(config)
@@ -184,6 +289,12 @@ skips_cow = _factory(SkipsCow)
 frees_forward = _factory(FreesForward)
 dirty_oob = _factory(DirtyOutOfBlocks)
 forgets_on_free = _factory(ForgetsOnFree)
+silent_eviction = _events_factory(SilentEviction)
+no_clear_on_reset = _events_factory(NoClearOnReset)
+root_parent = _events_factory(RootParent)
+drops_duplicates = _events_factory(DropsDuplicates)
+shared_numbering = _events_factory(SpecCache, SharedNumberingAdapter)
+bare_extras = _events_factory(BareExtras)
 
 # engine -> (profile it is run at, the property that must fail first). Ignoring the salt shows
 # either as a hit on another tenant's block (hit-content) or, under dedup_on_full, as the other
@@ -195,4 +306,10 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "frees_forward": ("lru", "policy-free-queue"),
     "dirty_oob": ("core", "atomic-failure"),
     "forgets_on_free": ("maximal", "maximal-hits"),
+    "silent_eviction": ("core", "event-index"),
+    "no_clear_on_reset": ("core", "event-sequence"),
+    "root_parent": ("core", "event-parents"),
+    "drops_duplicates": ("core", "event-index"),
+    "shared_numbering": ("core", "event-sequence"),
+    "bare_extras": ("core", "event-extras"),
 }

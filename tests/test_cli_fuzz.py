@@ -132,7 +132,19 @@ def option_values(command: str) -> dict[str, st.SearchStrategy[list[str]]]:
                     ["impl", "spec", "radix", "nope", "a:b", "os:sep", "pagedprefix.spec:SpecCache.create",
                      ":", "os:"])),
                 "--check-spec": st.just(["--check-spec"]),
-                "--repro": opt("--repro", paths)}
+                "--repro": opt("--repro", paths),
+                # The cluster mode (pagedprefix.cluster): its options fail in one line too.
+                "--replicas": opt("--replicas", st.sampled_from(["1", "2", "0", "257", "x"])),
+                "--router": opt("--router", st.sampled_from(
+                    ["round_robin", "prefix_aware", "least_loaded", "x"])),
+                "--router-lambda": opt("--router-lambda", st.sampled_from(["0", "1.5", "-1", "nan", "inf"])),
+                "--drop-events": opt("--drop-events", st.sampled_from(["0", "0.5", "1", "2", "nan"])),
+                "--restart-replica": opt("--restart-replica", st.sampled_from(
+                    ["0@1", "1@0", "9@9", "x", "@"])),
+                "--transport": opt("--transport", st.sampled_from(["inprocess", "zmq", "udp"])),
+                "--free-order": opt("--free-order", st.sampled_from(
+                    ["append_all", "unhashed_to_head", "lifo"])),
+                "--indexer": opt("--indexer", st.sampled_from(["reference", "nope:x", "jsonl:"]))}
     return {**common,
             "--limit": opt("--limit", INTS),
             "--engines": opt("--engines", st.sampled_from(

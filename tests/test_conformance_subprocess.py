@@ -16,7 +16,7 @@ from pagedprefix.conformance.adapters import impl_available
 from pagedprefix.conformance.subprocess_adapter import EngineProcessError, subprocess_factory
 from pagedprefix.conformance.suite import load_engine
 from pagedprefix.conformance.vectors import run_vectors
-from pagedprefix.spec import CacheConfig, DuplicateRequest, Extras, OutOfBlocks
+from pagedprefix.spec import CacheConfig, DuplicateRequest, Extras, OutOfBlocks, SpecCache
 
 TESTS = str(Path(__file__).parent)
 SERVER = [sys.executable, "-m", "pagedprefix.conformance.jsonl_server"]
@@ -82,7 +82,10 @@ def test_raw_protocol_lines() -> None:
         {"id": 5, "method": "allocate", "params": {"handle": 1, "request_id": "b", "tokens": [7]}},
         {"id": 6, "method": "create", "params": {"config": {"block_size": 0, "num_blocks": 2}}},
         {"id": 7, "method": "teleport", "params": {"handle": 1}},
-        {"id": 8, "method": "shutdown", "params": {}},
+        {"id": 8, "method": "take_events", "params": {"handle": 1}},
+        {"id": 9, "method": "cached_keys", "params": {"handle": 1}},
+        {"id": 10, "method": "take_events", "params": {"handle": 1}},
+        {"id": 11, "method": "shutdown", "params": {}},
     ]
     proc = subprocess.run(
         [*SERVER, "--engine", "spec"],
@@ -93,8 +96,9 @@ def test_raw_protocol_lines() -> None:
         check=True,
     )
     replies = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [r["id"] for r in replies] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [r["id"] for r in replies] == list(range(1, 12))
     assert replies[0]["result"] == {"protocol": "pagedprefix-jsonl", "version": 3}
+    assert replies[1]["result"]["capabilities"]["events"] is True
     assert replies[1]["result"]["handle"] == 1
     assert replies[1]["result"]["capabilities"]["free_order"] == "unhashed_to_head"
     assert replies[2]["result"] == {"num_computed_tokens": 0, "block_table": [0, 1]}
@@ -102,6 +106,18 @@ def test_raw_protocol_lines() -> None:
     assert replies[4]["error"]["kind"] == "OutOfBlocks" and replies[4]["error"]["never_fits"] is False
     assert replies[5]["error"]["kind"] == "InvalidConfig"
     assert replies[6]["error"]["kind"] == "EngineError"
+    # protocol 3: the one admission's block [1, 2] stored in batch 0; the failures emitted nothing
+    key = SpecCache.create(CacheConfig(2, 2)).block_keys([1, 2])[0].hex()
+    [batch] = replies[7]["result"]["batches"]
+    assert batch == {
+        "seq": 0,
+        "events": [
+            {"type": "BlockStored", "block_hashes": [key], "parent_block_hash": None, "token_ids": [1, 2],
+             "block_size": 2, "extras": [[]], "group": 0}
+        ],
+    }
+    assert replies[8]["result"] == {"cached_keys": [[0, key, 1]]}
+    assert replies[9]["result"] == {"batches": []}
 
 
 def test_a_command_that_does_not_speak_the_protocol_is_refused() -> None:

@@ -58,3 +58,38 @@ def test_replay_command_with_engine_vllm(tmp_path: Path) -> None:
         rows = json.loads(out.read_text())["runs"]
         rates[engine] = [(r["num_blocks"], r["token_hit_rate"], r["hit_tokens"]) for r in rows]
     assert rates["vllm"] == rates["impl"] and all(r[2] > 0 for r in rates["impl"])
+
+
+def test_compare_engines_with_engine_vllm(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pagedprefix",
+            "compare-engines",
+            "--trace",
+            "conversation",
+            "--limit",
+            "100",
+            "--num-blocks",
+            "600,4000",
+            "--engines",
+            "hash/unhashed_to_head",
+            "--engine",
+            "vllm",
+            "--no-progress",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = json.loads(out.read_text())["runs"]
+    by = {(r["engine"], r["num_blocks"]): r for r in runs}
+    for cap in (600, 4000):
+        hashed, vllm = by[("hash/unhashed_to_head", cap)], by[("vllm", cap)]
+        assert vllm["hit_tokens"] == hashed["hit_tokens"] > 0 and vllm["operations"] == hashed["operations"]
+        assert vllm["ops_per_s"] > 0 and vllm["metadata_bytes"] is None

@@ -28,6 +28,8 @@ from pagedprefix.spec import (
     mamba,
     sliding,
 )
+from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, apply, replay_events
+from pagedprefix.spec.extras import TAG_LORA, ExtraField
 
 WINDOW_OF_ONE = {"policy-hits", "policy-sharing", "retention-adequacy"}
 """The rows a one-token sliding window fails at ``lru``/``exact`` (docs/MATRIX.md explains them)."""
@@ -99,7 +101,8 @@ def test_suite_verdicts(profile: str) -> None:
     assert report.errors == [], report.errors
     rows = {r.name: r for r in report.rows}
     properties = {r.name: r.status for r in report.rows if r.kind == "property"}
-    expected_skips = {"block-keys"} | ({"exact-ids"} if profile == "lru" else set())
+    events = {"event-index", "event-sequence", "event-parents", "event-extras"}  # vllm-events' rows
+    expected_skips = {"block-keys", *events} | ({"exact-ids"} if profile == "lru" else set())
     assert {n for n, s in properties.items() if s == "skip"} == expected_skips
     # The one difference found: a hybrid config with a one-token sliding window (see
     # test_hybrid_window_of_one_token); every failure is on such a config, and nothing else fails.
@@ -177,3 +180,52 @@ def test_hybrid_window_of_one_token() -> None:
 def test_mamba_groups_are_not_driven() -> None:
     with pytest.raises(UnsupportedConfig, match="Mamba"):
         _vllm().vllm(_hybrid((full(4), mamba(4)), 16))
+
+
+def test_events_map_onto_the_spec_events() -> None:
+    """vLLM's own event objects, mapped (module docstring of engines/vllm.py): 64-bit keys as 8
+    bytes, the LoRA name tagged from ``lora_name`` plus the untagged extra keys as published,
+    batches numbered from 0, and the stream replayed by a counting subscriber equal to vLLM's index."""
+    engine = _vllm()
+    adapter = engine.vllm_with_events(CacheConfig(block_size=2, num_blocks=3))
+    assert adapter.capabilities.events and not engine.vllm(CacheConfig(2, 3)).capabilities.events
+    adapter.allocate("a", [1, 1, 2, 2, 3], Extras(lora=LoRA("x", 4), cache_salt="s"))
+    [batch] = adapter.take_events()
+    [stored] = batch.events
+    assert batch.seq == 0 and isinstance(stored, BlockStored)
+    assert stored.parent_block_hash is None and stored.token_ids == (1, 1, 2, 2) and stored.block_size == 2
+    assert all(len(k) == 8 for k in stored.block_hashes)  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+    lora, bare_name, bare_salt = ExtraField(TAG_LORA, b"x"), ExtraField(0, b"x"), ExtraField(0, b"s")
+    assert stored.extras == ((lora, bare_name, bare_salt), (lora, bare_name))  # no id, no path
+    index = replay_events([stored])
+    assert index == adapter.cached_keys() and len(index) == 2
+    adapter.free("a")
+    adapter.allocate("b", [7, 7, 7, 7, 7])  # needs all three blocks: both keys evicted
+    [second] = adapter.take_events()
+    assert second.seq == 1
+    removed = [e for e in second.events if isinstance(e, BlockRemoved)]
+    assert sorted(k for e in removed for k in e.block_hashes) == sorted(stored.block_hashes)
+    for e in second.events:
+        apply(index, e)
+    assert index == adapter.cached_keys() and len(index) == 2  # b's two full blocks
+    adapter.free("b")
+    assert adapter.take_events() == [] and adapter.reset_prefix_cache()
+    [third] = adapter.take_events()
+    assert third.seq == 2 and third.events == (AllBlocksCleared(),) and adapter.cached_keys() == {}
+    assert adapter.take_vllm_events() == []  # the raw queue: taken already
+
+
+def test_event_verdict() -> None:
+    """vLLM's event stream: index, numbering and parents hold; extras do not tell two LoRA
+    adapters of one name apart (the name is published, the path vLLM keys by is not)."""
+    engine = _vllm()
+    options = SuiteOptions(profile="core", max_examples=150)
+    report = run_suite(engine.vllm_with_events, options, engine_name="vllm-events", extra_groups=[])
+    rows = {r.name: r for r in report.rows}
+    assert {r.name for r in report.rows if r.status == "fail"} == {"event-extras", "vectors: extras"}
+    assert report.vectors is not None
+    assert {r.prop for r in report.vectors.by_status("fail")} == {"event-extras"}
+    for prop in ("event-index", "event-sequence", "event-parents"):
+        assert rows[prop].status == "pass", rows[prop]
+    sequence = rows["event-extras"].counterexample or ""
+    assert '"lora": {"id": 1, "name": "a"}' in sequence and '"lora": {"id": 2, "name": "a"}' in sequence

@@ -76,15 +76,20 @@ ENTRY_POINTS = {
     "write_kv": (kernels.write_kv, valid_write, ("check_values", "backend")),
     "copy_blocks": (kernels.copy_blocks, valid_copy, ("check_values", "backend")),
     "paged_attention": (kernels.paged_attention, valid_attention,
-                        ("check_values", "backend", "max_query_len", "num_splits")),
-    "gather_kv": (kernels.gather_kv, valid_gather, ()),
-    "dense_causal_attention": (kernels.dense_causal_attention, valid_dense, ()),
+                        ("check_values", "backend", "max_query_len", "num_splits", "sliding_window",
+                         "attention_chunk_size")),
+    "gather_kv": (kernels.gather_kv, valid_gather, ("start",)),
+    "dense_causal_attention": (kernels.dense_causal_attention, valid_dense,
+                               ("sliding_window", "attention_chunk_size")),
 }
 KEYWORD_VALUES = {
     "check_values": st.one_of(st.booleans(), hostile()),
     "backend": st.one_of(st.sampled_from(["reference", "auto", "triton"]), hostile()),
     "max_query_len": st.one_of(st.none(), st.integers(-1, 4), adversarial_numbers()),
     "num_splits": st.one_of(st.none(), st.integers(0, 3), adversarial_numbers()),
+    "sliding_window": st.one_of(st.none(), st.integers(-1, 4), adversarial_numbers()),
+    "attention_chunk_size": st.one_of(st.none(), st.integers(-1, 4), adversarial_numbers()),
+    "start": st.one_of(st.integers(-1, 4), adversarial_numbers()),
 }
 
 

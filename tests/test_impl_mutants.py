@@ -21,6 +21,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from pagedprefix.impl import BlockManager
 from pagedprefix.impl.block_manager import _NO_FIELDS, _Content, _Request, encode_tail
 from pagedprefix.spec import CacheConfig, Extras, RequestId, max_hit_blocks
+from pagedprefix.spec.events import BlockStored
 
 # --------------------------------------------------------------------------------------------------
 # The mutants
@@ -83,8 +84,8 @@ class AllFreedToTail(BlockManager):
 class DedupIgnored(BlockManager):
     """dedup_on_full=True is ignored: a block that fills up with a cached key stays a duplicate."""
 
-    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes) -> None:
-        super().__init__(config, hash_seed, root)
+    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes, events: bool = False) -> None:
+        super().__init__(config, hash_seed, root, events)
         self._dedup = False
 
 
@@ -135,6 +136,42 @@ class MemoIgnoresExtras(BlockManager):
         return super()._keys_of(tokens, extras)
 
 
+class SilentEviction(BlockManager):
+    """Eviction is right, but emits no ``BlockRemoved``: subscribers keep crediting the key."""
+
+    def _evict(self, b: int) -> None:
+        events, self._events = self._events, None
+        try:
+            super()._evict(b)
+        finally:
+            self._events = events
+
+
+class DuplicateNotStored(BlockManager):
+    """A block that fills up with a key another block already holds emits no ``BlockStored`` (a
+    set-minded stream): a counting subscriber loses the key when the other copy is evicted."""
+
+    def _stored(self, request: _Request, start: int, stop: int) -> BlockStored:
+        event = super()._stored(request, start, stop)
+        size = event.block_size
+        keep = [j for j, k in enumerate(event.block_hashes) if isinstance(self._index[k], int)]
+        return BlockStored(
+            tuple(event.block_hashes[j] for j in keep),
+            event.parent_block_hash,
+            tuple(t for j in keep for t in event.token_ids[j * size : (j + 1) * size]),
+            size,
+            tuple(event.extras[j] for j in keep),
+        )
+
+
+class ParentOfRunStart(BlockManager):
+    """A stored run names no parent when it starts after hit blocks (the parent is dropped)."""
+
+    def _stored(self, request: _Request, start: int, stop: int) -> BlockStored:
+        event = super()._stored(request, start, stop)
+        return BlockStored(event.block_hashes, None, event.token_ids, event.block_size, event.extras)
+
+
 MUTANTS = [
     ForwardFree,
     EvictableHitsFree,
@@ -147,6 +184,9 @@ MUTANTS = [
     LastTokenCached,
     LoRAOnBlockZeroOnly,
     MemoIgnoresExtras,
+    SilentEviction,
+    DuplicateNotStored,
+    ParentOfRunStart,
 ]
 
 # --------------------------------------------------------------------------------------------------

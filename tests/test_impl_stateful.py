@@ -59,6 +59,7 @@ from pagedprefix.spec import (
     chain_keys,
     check_extras,
 )
+from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, GroupKey, apply
 
 ALPHABET = (0, 1, 2)
 REQUEST_IDS = st.one_of(st.integers(0, 4), st.sampled_from(["0", "1", "a"]))
@@ -130,7 +131,8 @@ def colliding_prompts(root: bytes, block_size: int) -> tuple[list[int], ...]:
 class ImplMachine(RuleBasedStateMachine):
     """Spec and implementation side by side; any difference fails the run."""
 
-    impl_factory: Callable[[CacheConfig], Any] = BlockManager.create
+    impl_factory: Callable[..., Any] = BlockManager.create
+    """``impl_factory(config, events=True)`` builds the implementation under test."""
 
     reqs = Bundle("reqs")
 
@@ -141,6 +143,7 @@ class ImplMachine(RuleBasedStateMachine):
         self.block_size = 1
         self.last: Snapshot
         self.recent: list[tuple[list[int], Extras]] = []
+        self.subscriber: Counter[GroupKey] = Counter()
 
     # ----- helpers ------------------------------------------------------------------------------
 
@@ -155,6 +158,7 @@ class ImplMachine(RuleBasedStateMachine):
                 outcomes.append(("err", type(exc), str(exc)))
         assert outcomes[0] == outcomes[1], f"spec {outcomes[0]!r} != impl {outcomes[1]!r}"
         outcome = outcomes[0]
+        self.check_events(failed=outcome[0] == "err")
         if outcome[0] == "err":
             event(f"error {outcome[1].__name__}")
         elif isinstance(outcome[1], Allocation) and outcome[1].num_computed_tokens:
@@ -167,6 +171,24 @@ class ImplMachine(RuleBasedStateMachine):
         else:
             self.last = self.spec.snapshot()  # the state the next operation starts from
         return outcomes[0]
+
+    def check_events(self, failed: bool) -> None:
+        """The events of the operation just run: equal from spec and impl, none on failure, and
+        the counting subscriber fed them holds exactly both caches' ``cached_keys()``."""
+        spec_events, impl_events = self.spec.take_events(), self.impl.take_events()
+        assert spec_events == impl_events, f"events: spec {spec_events!r} != impl {impl_events!r}"
+        if failed:
+            assert spec_events == [], f"a failed operation emitted {spec_events!r}"
+        for e in spec_events:
+            if isinstance(e, BlockRemoved):
+                event("event: BlockRemoved")
+            elif isinstance(e, AllBlocksCleared):
+                event("event: AllBlocksCleared")
+            elif isinstance(e, BlockStored) and any(self.subscriber[(0, k)] for k in e.block_hashes):
+                event("event: a duplicate copy stored")
+            apply(self.subscriber, e)
+        assert self.subscriber == self.spec.cached_keys(), "the subscriber's index differs from the spec's"
+        assert self.subscriber == self.impl.cached_keys(), "the subscriber's index differs from the impl's"
 
     def expect_error(self, call: Callable[[Any], Any], error: type[Exception]) -> None:
         outcome = self.both(call)
@@ -243,8 +265,8 @@ class ImplMachine(RuleBasedStateMachine):
             verify_tokens=verify_tokens,
         )
         self.block_size = block_size
-        self.spec = SpecCache.create(config)
-        self.impl = type(self).impl_factory(config)
+        self.spec = SpecCache.create(config, events=True)
+        self.impl = type(self).impl_factory(config, events=True)
         assert self.impl.root == self.spec.root and self.impl.hash_seed == self.spec.hash_seed
         self.last = self.spec.snapshot()
 

@@ -9,6 +9,7 @@ for these tests (individual tests change it with ``monkeypatch``).
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -424,6 +425,121 @@ def test_unused_block_table_entries_are_not_checked_or_read(backend: dispatch.Ba
 
 
 # --------------------------------------------------------------------------------------------------
+# Sliding windows and chunked local attention: arguments and absent entries
+# --------------------------------------------------------------------------------------------------
+
+WINDOW_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
+    ("window 0", {"sliding_window": 0}, KernelValueError, "sliding_window must be >= 1, got 0"),
+    ("window negative", {"sliding_window": -4}, KernelValueError, "sliding_window must be >= 1"),
+    ("chunk 0", {"attention_chunk_size": 0}, KernelValueError, "attention_chunk_size must be >= 1"),
+    ("window str", {"sliding_window": "8"}, KernelDTypeError, "sliding_window must be an int, got str"),
+    ("window bool", {"sliding_window": True}, KernelDTypeError, "sliding_window must be an int, got bool"),
+    ("window float", {"sliding_window": 8.0}, KernelDTypeError, "sliding_window must be an int"),
+    ("chunk tensor", {"attention_chunk_size": torch.tensor(8)}, KernelDTypeError, "attention_chunk_size"),
+    ("both", {"sliding_window": 4, "attention_chunk_size": 4}, KernelValueError, "at most one of"),
+    # Request 1 (positions 7 and 8 queried, window 3) reads block_table[1, 1]: it may not be absent.
+    (
+        "absent entry inside the window",
+        {"sliding_window": 3, "block_table": torch.tensor([[0, 1, -1], [-1, -1, 4]], dtype=torch.int32)},
+        KernelValueError,
+        r"block_table\[1, 1\] = -1 .* request 1 reads that block \(its sliding window reaches back to "
+        "position 5\\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"), [c[1:] for c in WINDOW_ERRORS], ids=[c[0] for c in WINDOW_ERRORS]
+)
+def test_paged_attention_rejects_bad_windows(
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+) -> None:
+    keywords = dict(overrides)
+    table = keywords.pop("block_table", None)
+    args = _attention_args() if table is None else _attention_args(block_table=table)
+    with pytest.raises(error, match=message):
+        kernels.paged_attention(*args, **keywords, backend=backend)
+
+
+# _attention_args: block_size 4; request 0 decodes position 4, request 1 queries positions 7 and 8.
+# Sliding window 3: request 0 sees 2 .. 4 (blocks 0, 1), request 1 sees 5 .. 8 (blocks 1, 2).
+# Chunks of 4: request 0 sees 4 (block 1), request 1 sees 4 .. 8 (blocks 1, 2).
+ABSENT_BEFORE_THE_WINDOW = [
+    ({"sliding_window": 3}, [[0, 1, -1], [-1, 3, 4]]),
+    ({"attention_chunk_size": 4}, [[-1, 1, -1], [-1, 3, 4]]),
+    ({"sliding_window": 1}, [[-1, 1, -1], [-1, 3, 4]]),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("window", "rows"), ABSENT_BEFORE_THE_WINDOW, ids=["sliding 3", "chunks 4", "sliding 1"]
+)
+def test_entries_before_the_window_may_be_absent(
+    backend: dispatch.Backend, window: dict[str, int], rows: list[list[int]]
+) -> None:
+    args = _attention_args()
+    absent = torch.tensor(rows, dtype=torch.int32)
+    assert kernels.NO_BLOCK == -1 and int((absent == kernels.NO_BLOCK).sum()) > 1
+    out = kernels.paged_attention(*args[:3], absent, *args[4:], **window, backend=backend)
+    expected = reference.paged_attention(*args, **window)
+    torch.testing.assert_close(out, expected)
+    # ... and the window changes the answer: the same call without it differs.
+    assert not torch.allclose(expected, reference.paged_attention(*args))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_window_that_reaches_position_0_is_full_attention_bit_for_bit(backend: dispatch.Backend) -> None:
+    batch = _small_batch()
+    full = kernels.paged_attention(*batch.attention_args(), backend=backend)
+    for window in ({"sliding_window": 20}, {"sliding_window": 2**80}, {"attention_chunk_size": 20},
+                   {"attention_chunk_size": 2**40}, {"sliding_window": None, "attention_chunk_size": None}):
+        out = kernels.paged_attention(*batch.attention_args(), **window, backend=backend)
+        assert torch.equal(out, full), window
+
+
+def test_window_helpers_of_the_reference() -> None:
+    cache = torch.arange(6 * 4 * 1 * 2, dtype=torch.float32).reshape(6, 4, 1, 2)
+    row = torch.tensor([-1, -1, 5, 2])
+    got = kernels.gather_kv(cache, row, 14, start=9)  # positions 9 .. 13: blocks 2 and 3 only
+    assert torch.equal(got, torch.cat([cache[5, 1:], cache[2, :2]]))
+    assert kernels.gather_kv(cache, row, 8, start=8).shape == (0, 1, 2)
+    with pytest.raises(KernelValueError, match="outside"):
+        kernels.gather_kv(cache, row, 14, start=7)  # position 7 is in the absent block 1
+    with pytest.raises(KernelValueError, match="start = 15 exceeds seq_len = 14"):
+        kernels.gather_kv(cache, row, 14, start=15)
+    with pytest.raises(KernelValueError, match="start must be >= 0"):
+        kernels.gather_kv(cache, row, 14, start=-1)
+    with pytest.raises(KernelDTypeError, match="start must be an int"):
+        kernels.gather_kv(cache, row, 14, start=1.0)  # type: ignore[arg-type]
+
+    q, k, v = torch.randn(3, 2, 8), torch.randn(10, 1, 8), torch.randn(10, 1, 8)
+    out = kernels.dense_causal_attention(q, k, v, 0.5, sliding_window=1)
+    # A window of one token: each query sees only its own position, so the output is its value.
+    torch.testing.assert_close(out, v[7:].expand(3, 2, 8))
+    chunked = kernels.dense_causal_attention(q, k, v, 0.5, attention_chunk_size=8)
+    # Position 8 starts a chunk: the query there sees only itself; 7 sees 0 .. 7.
+    torch.testing.assert_close(chunked[1], v[8].expand(2, 8))
+    torch.testing.assert_close(chunked[0], kernels.dense_causal_attention(q[:1], k[:8], v[:8], 0.5)[0])
+    with pytest.raises(KernelValueError, match="at most one of"):
+        kernels.dense_causal_attention(q, k, v, 0.5, sliding_window=2, attention_chunk_size=2)
+    with pytest.raises(KernelDTypeError, match="attention_chunk_size must be an int"):
+        kernels.dense_causal_attention(q, k, v, 0.5, attention_chunk_size="2")  # type: ignore[arg-type]
+
+
+def test_every_implementation_has_the_same_signature() -> None:
+    implementations: list[ModuleType] = [reference] + ([tk] if tk is not None else [])
+    for name in ("write_kv", "copy_blocks", "paged_attention"):
+        dispatched = inspect.signature(getattr(dispatch, name)).parameters
+        assert list(dispatched)[-1] == "backend"
+        for module in implementations:
+            own = inspect.signature(getattr(module, name)).parameters
+            assert list(own) == list(dispatched)[:-1], (module.__name__, name)
+            assert all(own[p].default == dispatched[p].default for p in own), (module.__name__, name)
+
+
+# --------------------------------------------------------------------------------------------------
 # Fixed cases through the Triton kernels
 # --------------------------------------------------------------------------------------------------
 
@@ -562,6 +678,33 @@ def test_attention_plan_splits() -> None:
     assert (uneven.tiles_per_split, uneven.num_splits) == (2, 3)
 
 
+def test_attention_plan_window_bounds_the_key_tiles() -> None:
+    common: dict[str, int] = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+    for context in (8192, 131072):
+        decode = plan_paged_attention(
+            num_tokens=64, num_reqs=64, max_query_len=1, max_kv_len=context, **common, key_window=128
+        )
+        # The window ends at the query: W = 128 keys, i.e. 127 before it, in tiles of block_n.
+        assert decode.kv_tiles == cdiv(128, decode.block_n) == decode.tiles_per_split
+        assert decode.program_iterations() == 64 * 8 * cdiv(128, decode.block_n)
+        split = plan_paged_attention(
+            num_tokens=4, num_reqs=4, max_query_len=1, max_kv_len=context, **common, key_window=128,
+            sm_count=132,
+        )
+        assert split.num_splits == decode.kv_tiles  # at most one split per tile of the window
+    prefill = plan_paged_attention(
+        num_tokens=300, num_reqs=2, max_query_len=200, max_kv_len=4096, **common, key_window=100
+    )
+    # A tile of block_q queries sees from W - 1 keys before its first query to its last query.
+    assert prefill.kv_tiles == cdiv(100 - 1 + prefill.block_q, prefill.block_n)
+    # A window at least as long as the table is no window at all.
+    full = plan_paged_attention(num_tokens=300, num_reqs=2, max_query_len=200, max_kv_len=512, **common)
+    wide = plan_paged_attention(
+        num_tokens=300, num_reqs=2, max_query_len=200, max_kv_len=512, **common, key_window=512
+    )
+    assert wide == full
+
+
 def test_copy_and_write_plans() -> None:
     assert plan_write_kv(7, 3, 24).grid == (7,)
     assert (plan_write_kv(7, 3, 24).heads_pad, plan_write_kv(7, 3, 24).head_pad) == (4, 32)
@@ -640,6 +783,89 @@ def test_gpu_check_counts_shared_blocks_once() -> None:
     unique_private, logical_private = _bytes(private, seq_lens, 2)
     assert unique_private == logical_private == logical_shared
     assert logical_shared - unique_shared == 3 * 8 * BLOCK_SIZE * token_bytes
+
+
+def test_gpu_check_counts_only_the_window() -> None:
+    from pagedprefix.kernels.gpu_check import BLOCK_SIZE, HEAD_DIM, NUM_KV_HEADS, NUM_Q_HEADS, _bytes
+
+    seq_lens = [8 * BLOCK_SIZE + 5] * 2  # 133 tokens: the decode query at 132
+    layout = make_layout(seq_lens, BLOCK_SIZE)
+    token_bytes = NUM_KV_HEADS * HEAD_DIM * 2 * 2
+    io = 2 * 2 * NUM_Q_HEADS * HEAD_DIM * 2
+    # Window 20: keys 113 .. 132, in blocks 7 and 8 (two table entries per request).
+    unique, logical = _bytes(layout, seq_lens, 2, {"sliding_window": 20})
+    assert unique == logical == 2 * 20 * token_bytes + io + 4 * (2 * 2 + 2 + 3)
+    # Chunks of 64: keys 128 .. 132, in block 8 only.
+    unique, _ = _bytes(layout, seq_lens, 2, {"attention_chunk_size": 64})
+    assert unique == 2 * 5 * token_bytes + io + 4 * (2 * 1 + 2 + 3)
+    assert _bytes(layout, seq_lens, 2, {"sliding_window": 10**6}) == _bytes(layout, seq_lens, 2)
+
+
+def test_gpu_check_windowed_decode_inputs_release_only_unread_entries() -> None:
+    from pagedprefix.kernels.gpu_check import BLOCK_SIZE, HEAD_DIM, _decode_inputs
+
+    seq_lens = [300, 1000, 40]
+    layout = make_layout(seq_lens, BLOCK_SIZE, generator=torch.Generator().manual_seed(2))
+    window = {"sliding_window": 128}
+    released = _decode_inputs(layout, seq_lens, torch.device("cpu"), torch.float32, 1, window)
+    full = _decode_inputs(layout, seq_lens, torch.device("cpu"), torch.float32, 1)
+    table = released[3]
+    # Queries at 299, 999, 39 see from 172, 872, 0: entries before blocks 10, 54 and 0 are released.
+    changed = table != full[3]
+    assert [int(row.sum()) for row in changed] == [10, 54, 0]
+    assert bool((table[changed] == kernels.NO_BLOCK).all())
+    assert not bool(changed[0, 10:].any()) and not bool(changed[1, 54:].any())
+    scale = HEAD_DIM**-0.5
+    got = reference.paged_attention(*released, scale, **window)
+    torch.testing.assert_close(got, reference.paged_attention(*full, scale, **window))
+
+
+@needs_triton
+def test_gpu_check_windowed_correctness_cases_run_on_cpu() -> None:
+    """The GPU script's windowed correctness check, on small cases through the interpreted kernels:
+    every comparison passes, and a kernel that ignores the window fails them."""
+    from pagedprefix.kernels.gpu_check import ATTENTION_CHECKS, AttentionCheck, check_attention
+
+    assert tk is not None
+    windowed = [c for c in ATTENTION_CHECKS if c.window_kwargs]
+    assert {k for c in windowed for k in c.window_kwargs} == {"sliding_window", "attention_chunk_size"}
+    small = [
+        AttentionCheck("decode, sliding", (90, 95, 30), (1, 1, 1), 4, 2, 16, 16, (0, 0, None), 4,
+                       sliding_window=20),
+        AttentionCheck("prefill, chunks", (120, 50), (70, 50), 4, 1, 16, 8, num_splits=2,
+                       attention_chunk_size=24),
+    ]
+    device = torch.device("cpu")
+    for case in small:
+        results = check_attention(case, torch.float32, device, tk, seed=1)
+        assert len(results) == 2 and all(r.ok for r in results), results
+
+    class IgnoresTheWindow:
+        @staticmethod
+        def paged_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
+            kwargs.pop("sliding_window", None)
+            table = args[3].clone()
+            table[table < 0] = 0  # reads whatever block 0 holds
+            return reference.paged_attention(*args[:3], table, *args[4:], **kwargs)
+
+    results = check_attention(small[0], torch.float32, device, IgnoresTheWindow, seed=1)
+    assert [r.ok for r in results] == [False, False]
+
+
+@needs_triton
+def test_gpu_check_windowed_benchmark_check_runs_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark configurations' own correctness check, shrunk to CPU size, through the interpreter."""
+    from pagedprefix.kernels import gpu_check
+
+    assert tk is not None
+    small = (
+        ("sliding 16", {"sliding_window": 16}, 3, 300),
+        ("chunked 64", {"attention_chunk_size": 64}, 2, 200),
+    )
+    monkeypatch.setattr(gpu_check, "WINDOWED_DECODE", small)
+    results = gpu_check.check_windowed_benchmark_output(torch.device("cpu"), tk)
+    assert [r.ok for r in results] == [True, True], results
+    assert results[0].name == "attention decode sliding 16 b3 ctx300 (benchmark config) vs reference"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit path")

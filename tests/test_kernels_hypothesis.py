@@ -3,8 +3,11 @@
 For generated batches (shared prefixes, copy-on-write of a partial block, prefill over a cached prefix,
 decode, GQA, float32/float16/bfloat16, several block sizes and key splits) the Triton kernels equal the
 torch reference, and attention equals dense causal attention computed from each request's own
-contiguous K/V. Examples are kept small enough for the interpreter: every example asserts its Triton
-work (grid size x loop trip counts, see ``pagedprefix.kernels.plan``) is at most ``WORK_BUDGET``.
+contiguous K/V. The same holds with a sliding window or chunked local attention, where the block-table
+entries wholly outside every query's window are absent (``NO_BLOCK``) or point at a block of NaNs: the
+kernels never read them. Examples are kept small enough for the interpreter: every example asserts its
+Triton work (grid size x loop trip counts, see ``pagedprefix.kernels.plan``) is at most ``WORK_BUDGET``;
+a windowed call on long sequences stays within it although full attention over them would not.
 
 ``TRITON_INTERPRET=1`` is set below before Triton can be imported (Triton fixes the mode when our
 kernels are defined). The caller's value is restored right after the kernels are loaded, so other test
@@ -19,9 +22,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 import triton_interpreter
-from hypothesis import example, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
-from pagedprefix.kernels import dispatch
+from pagedprefix.kernels import NO_BLOCK, dispatch
 from pagedprefix.kernels.dispatch import Backend
 from pagedprefix.kernels.plan import cdiv, plan_copy_blocks, plan_write_kv
 from pagedprefix.kernels.workloads import PagedBatch, build_paged_batch
@@ -43,8 +46,37 @@ BACKENDS: tuple[Backend, ...] = ("triton", "reference")
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Window:
+    """A sliding window of ``size`` tokens or local chunks of ``size`` tokens, restated from HYBRID.md
+    section 1.1 (independently of the kernels' own code)."""
+
+    kind: str  # "sliding" or "chunked"
+    size: int
+
+    def kwargs(self) -> dict[str, int]:
+        """The keyword arguments of ``paged_attention`` for this window."""
+        return {"sliding_window" if self.kind == "sliding" else "attention_chunk_size": self.size}
+
+    def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Query positions ``rows`` x key positions ``cols``: the window (causality apart)."""
+        if self.kind == "sliding":  # W counts the query token: q sees q - W + 1 .. q
+            return cols > rows - self.size
+        return cols >= (rows // self.size) * self.size  # the chunk of q, up to q
+
+    def first_key(self, q_pos: int) -> int:
+        """The first key position the query at ``q_pos`` sees."""
+        if self.kind == "sliding":
+            return max(0, q_pos - self.size + 1)
+        return q_pos - q_pos % self.size
+
+
 def dense_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    window: Window | None = None,
 ) -> torch.Tensor:
     """``query [q_len, Hq, D]`` at the last ``q_len`` positions of ``keys/values [seq_len, Hkv, D]``."""
     q_len, num_q_heads, _ = query.shape
@@ -55,24 +87,33 @@ def dense_attention(
     v = values.float().repeat_interleave(group, dim=1).permute(1, 0, 2)
     rows = torch.arange(seq_len - q_len, seq_len)[:, None]
     cols = torch.arange(seq_len)[None, :]
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=cols <= rows, scale=scale)
+    mask = cols <= rows
+    if window is not None:
+        mask &= window.visible(rows, cols)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.permute(1, 0, 2).to(query.dtype)
 
 
-def dense_batch_attention(batch: PagedBatch) -> torch.Tensor:
+def dense_batch_attention(batch: PagedBatch, window: Window | None = None) -> torch.Tensor:
     parts = []
     start = 0
     for keys, values, q_len in zip(batch.keys, batch.values, batch.query_lens, strict=True):
         if q_len:
-            parts.append(dense_attention(batch.query[start : start + q_len], keys, values, batch.scale))
+            q = batch.query[start : start + q_len]
+            parts.append(dense_attention(q, keys, values, batch.scale, window))
         start += q_len
     return torch.cat(parts) if parts else torch.empty_like(batch.query)
 
 
-def attention_work(batch: PagedBatch, num_splits: int | None) -> int:
+def attention_work(batch: PagedBatch, num_splits: int | None, window: Window | None = None) -> int:
     assert tk is not None
     plan = tk.attention_plan_for(
-        batch.query, batch.key_cache, batch.block_table, batch.max_query_len, num_splits
+        batch.query,
+        batch.key_cache,
+        batch.block_table,
+        batch.max_query_len,
+        num_splits,
+        **(window.kwargs() if window is not None else {}),
     )
     return int(plan.program_iterations())
 
@@ -221,6 +262,145 @@ def test_paged_attention_triton_equals_reference_equals_dense(case: AttentionCas
     torch.testing.assert_close(out_triton, out_reference)
     torch.testing.assert_close(out_reference, dense)
     torch.testing.assert_close(out_triton, dense)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sliding-window and chunked local attention, with the entries outside the window absent
+# --------------------------------------------------------------------------------------------------
+
+ABSENT = ("no block", "poisoned block")
+
+
+def release_outside_window(batch: PagedBatch, window: Window, absent: str) -> tuple[torch.Tensor, int]:
+    """The batch's block table with every entry wholly before the first key its request's queries see
+    replaced (SEMANTICS.md section 8 releases exactly these; the kernels must never read them) by
+    ``NO_BLOCK`` (``absent="no block"``) or by a spare block whose K and V are NaN (``"poisoned
+    block"``: a kernel that loaded it would put NaN into the output). Returns the table and how many
+    entries were replaced."""
+    table = batch.block_table.clone()
+    held = {b for row in batch.layout.tables for b in row}
+    if absent == "poisoned block":
+        spare = min(set(range(batch.layout.num_blocks)) - held)
+        batch.key_cache[spare] = float("nan")
+        batch.value_cache[spare] = float("nan")
+        filler = spare
+    else:
+        filler = NO_BLOCK
+    released = 0
+    for r, (seq_len, q_len) in enumerate(zip(batch.seq_lens.tolist(), batch.query_lens, strict=True)):
+        first_page = window.first_key(seq_len - q_len) // batch.layout.block_size
+        table[r, :first_page] = filler
+        released += first_page
+    return table, released
+
+
+@dataclass(frozen=True)
+class WindowedCase:
+    base: AttentionCase
+    window: Window
+    absent: str
+
+
+@st.composite
+def windowed_cases(draw: st.DrawFn) -> WindowedCase:
+    base = draw(attention_cases())  # its splits fit the budget of full attention, which bounds a window's
+    longest = max(base.seq_lens)
+    size = draw(st.one_of(st.integers(1, 8), st.integers(1, longest + 4)))
+    return WindowedCase(
+        base=base,
+        window=Window(draw(st.sampled_from(["sliding", "chunked"])), size),
+        absent=draw(st.sampled_from(ABSENT)),
+    )
+
+
+# Fixed examples: decode with shared prefixes, prefill over a cached prefix across several query tiles
+# (each tile starts at its own window), a window of one token, chunks that are not block multiples.
+SLIDING_DECODE_SHARED = WindowedCase(DECODE_SHARED_PREFIX, Window("sliding", 20), "poisoned block")
+CHUNKED_PREFILL_TILES = WindowedCase(
+    _case(seq_lens=(230, 60), query_lens=(150, 60), group=1, block_size=4, dtype=torch.float32),
+    Window("chunked", 48),
+    "no block",
+)
+SLIDING_PREFILL_TILES = WindowedCase(
+    _case(seq_lens=(230, 26), query_lens=(130, 1), group=1, block_size=4, num_splits=2),
+    Window("sliding", 37),
+    "poisoned block",
+)
+SLIDING_ONE_TOKEN = WindowedCase(BLOCK_SIZE_ONE, Window("sliding", 1), "poisoned block")
+CHUNKED_ODD = WindowedCase(PREFILL_OVER_CACHED_PREFIX, Window("chunked", 23), "poisoned block")
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(case=windowed_cases())
+@example(case=SLIDING_DECODE_SHARED)
+@example(case=CHUNKED_PREFILL_TILES)
+@example(case=SLIDING_PREFILL_TILES)
+@example(case=SLIDING_ONE_TOKEN)
+@example(case=CHUNKED_ODD)
+def test_windowed_attention_triton_equals_reference_equals_dense(case: WindowedCase) -> None:
+    batch = case.base.build()
+    table, released = release_outside_window(batch, case.window, case.absent)
+    event(f"entries outside the window: {'some' if released else 'none'}")
+    splits = case.base.num_splits
+    assert attention_work(batch, splits, case.window) <= WORK_BUDGET
+    args = (batch.query, batch.key_cache, batch.value_cache, table, batch.seq_lens, batch.query_start_loc)
+    window = case.window.kwargs()
+    out_triton = dispatch.paged_attention(*args, batch.scale, num_splits=splits, backend="triton", **window)
+    out_reference = dispatch.paged_attention(*args, batch.scale, backend="reference", **window)
+    dense = dense_batch_attention(batch, case.window)
+    assert bool(out_triton.isfinite().all()) and bool(out_reference.isfinite().all())
+    torch.testing.assert_close(out_triton, out_reference)
+    torch.testing.assert_close(out_reference, dense)
+    torch.testing.assert_close(out_triton, dense)
+
+
+@pytest.mark.parametrize("window", [Window("sliding", 64), Window("chunked", 128)], ids=lambda w: w.kind)
+def test_windowed_work_is_bounded_by_the_window_not_the_sequence(window: Window) -> None:
+    """Decode and a prefill over a cached prefix on sequences of 9k to 16k tokens: with the window the
+    launch stays within ``WORK_BUDGET``, which the same launch without it exceeds (a kernel that walked
+    the keys from position 0 would cost that); the entries before the windows hold a block of NaNs
+    (or ``NO_BLOCK``), so loading one would show in the output, as the last check confirms."""
+    batch = build_paged_batch(
+        [16000, 9000, 12345],
+        [1, 1, 40],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=16,
+        dtype=torch.float32,
+        spare_blocks=1,
+        seed=11,
+    )
+    full_work = attention_work(batch, None)
+    windowed_work = attention_work(batch, None, window)
+    assert full_work > WORK_BUDGET >= windowed_work
+    table, released = release_outside_window(batch, window, "poisoned block")
+    assert released > 2000  # nearly every entry is outside the windows
+
+    def attend(block_table: torch.Tensor, backend: Backend) -> torch.Tensor:
+        return dispatch.paged_attention(
+            batch.query,
+            batch.key_cache,
+            batch.value_cache,
+            block_table,
+            batch.seq_lens,
+            batch.query_start_loc,
+            batch.scale,
+            backend=backend,
+            **window.kwargs(),
+        )
+
+    out = attend(table, "triton")
+    torch.testing.assert_close(out, dense_batch_attention(batch, window))
+    torch.testing.assert_close(out, attend(table, "reference"))
+    sentinel = torch.where(table == batch.block_table, table, NO_BLOCK)
+    assert torch.equal(attend(sentinel, "triton"), out)
+
+    # The poison bites: the first block request 0's window does read, replaced by the NaN block.
+    first_page = window.first_key(16000 - 1) // 16
+    table[0, first_page] = table[0, 0]
+    bad = attend(table, "triton")
+    assert bool(bad[0].isnan().any()) and bool(bad[1:].isfinite().all())
 
 
 # --------------------------------------------------------------------------------------------------

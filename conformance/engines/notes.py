@@ -26,6 +26,11 @@ ABOUT: dict[str, str] = {
     "(`Scheduler._mamba_block_aligned_split`), so one `allocate_slots` per admission leaves no "
     "checkpoint (a resend of a 30-token prompt over full(8) + mamba(8) hits 0 after a step boundary, "
     "the spec 24) and a verdict would judge the adapter, not vLLM.",
+    "vllm-events": "the same vLLM cache with its KV-cache event queue on (`KVCacheManager("
+    "enable_kv_cache_events=True)`): vLLM's own `vllm.distributed.kv_events` objects mapped onto "
+    "the spec's events and numbered as vLLM's ZMQ publisher numbers its batches, checked by a "
+    "counting subscriber against `BlockPool.cached_block_hash_to_block` "
+    "(`pagedprefix.conformance.engines.vllm`, `vllm_with_events`).",
     "sglang": "SGLang's own `RadixCache` with its `Req`, page allocator and the scheduler-side "
     "`match_kv_cache` / `checkpoint_kv_cache` / `release_kv_cache` "
     "(`pagedprefix.conformance.engines.sglang`).",
@@ -61,6 +66,25 @@ _SGLANG = {
     "exact-ids": "SGLang follows " + _TREE_POLICY + ".",
     "replay: conversation trace slice": "the slice compares exact hits under eviction, which are "
     "normative only for engines following the spec's policy; SGLang follows " + _TREE_POLICY + ".",
+    "capability: events": "SGLang 0.5.23's trees record KV-cache events too (`KVCacheEventRecorder` in "
+    "`sglang/srt/mem_cache/events.py`, on with `enable_kv_cache_events`), but the adapter does not map "
+    "them yet: only vLLM's stream is judged here (the `vllm-events` rows).",
+}
+
+_VLLM = {
+    "capability: fork": "vLLM 0.33's `KVCacheManager` has no fork: parallel sampling (n > 1) runs "
+    "as separate child requests that share the prompt through the prefix cache "
+    "(`vllm/v1/engine/parallel_sampling.py`, `ParentRequest`), so block-level copy-on-write is "
+    "not exercised.",
+    "capability: input_errors": "vLLM validates requests above the KV-cache manager "
+    "(`vllm/v1/engine/input_processor.py`); the manager is not asked for typed errors.",
+    "capability: keys": "vLLM hashes blocks with its own encoding (SHA-256 over pickle of "
+    "`(parent, tokens, extra_keys)`, `vllm/v1/core/kv_cache_utils.py`, `hash_block_tokens`), not the "
+    "spec's byte encoding.",
+    "capability: extras": "multimodal keys need vLLM's multimodal processor (`_gen_mm_extra_hash_keys`), "
+    "and its prompt embeddings cover the whole prompt (`_gen_prompt_embeds_extra_hash_keys`) where "
+    'the spec allows some positions; LoRA (`("lora", name, path)`) and `cache_salt` (block 0 '
+    "only) are driven (`kv_cache_utils.py`, `generate_block_hash_extra_keys`).",
 }
 
 _VLLM_WINDOW_OF_ONE = (
@@ -77,6 +101,7 @@ NOTES: dict[str, dict[str, str]] = {
     "impl": {},
     "spec": {},
     "radix": {
+        "capability: events": "the radix engine publishes no KV-cache events.",
         "capability: keys": "the radix engine compares page contents, not chained hashes: no "
         "byte-exact keys to compare.",
         "policy-hits": "the radix engine follows " + _TREE_POLICY + ".",
@@ -87,24 +112,28 @@ NOTES: dict[str, dict[str, str]] = {
         "spec's policies; the radix engine follows " + _TREE_POLICY + ".",
     },
     "vllm": {
-        "capability: fork": "vLLM 0.33's `KVCacheManager` has no fork: parallel sampling (n > 1) runs "
-        "as separate child requests that share the prompt through the prefix cache "
-        "(`vllm/v1/engine/parallel_sampling.py`, `ParentRequest`), so block-level copy-on-write is "
-        "not exercised.",
-        "capability: input_errors": "vLLM validates requests above the KV-cache manager "
-        "(`vllm/v1/engine/input_processor.py`); the manager is not asked for typed errors.",
-        "capability: keys": "vLLM hashes blocks with its own encoding (SHA-256 over pickle of "
-        "`(parent, tokens, extra_keys)`, `vllm/v1/core/kv_cache_utils.py`, `hash_block_tokens`), not the "
-        "spec's byte encoding.",
-        "capability: extras": "multimodal keys need vLLM's multimodal processor (`_gen_mm_extra_hash_keys`), "
-        "and its prompt embeddings cover the whole prompt (`_gen_prompt_embeds_extra_hash_keys`) where "
-        'the spec allows some positions; LoRA (`("lora", name, path)`) and `cache_salt` (block 0 '
-        "only) are driven (`kv_cache_utils.py`, `generate_block_hash_extra_keys`).",
+        **_VLLM,
+        "capability: events": "these rows drive vLLM with `enable_kv_cache_events=False`, its default; "
+        "its event stream is judged in the `vllm-events` rows.",
         "policy-hits": _VLLM_WINDOW_OF_ONE,
         "policy-sharing": _VLLM_WINDOW_OF_ONE + " Here the second admission counts no hit, so it needs "
         "every block of the prompt and is refused where the spec's admission fits.",
         "retention-adequacy": _VLLM_WINDOW_OF_ONE + " Here the sliding group keeps no block at the "
         "replay boundary (none is needed), so vLLM finds nothing to stop on and the resend hits 0.",
+    },
+    "vllm-events": {
+        **_VLLM,
+        "event-extras": "vLLM keys a LoRA block by the adapter's name *and path* (`(\"lora\", name, "
+        "path)`, `kv_cache_utils._gen_lora_extra_hash_keys`, \"so that re-pointing a LoRA name at a "
+        "different adapter does not reuse KV computed with the previous one\"), but its events carry the "
+        "name only: `to_event_extra_keys` publishes each extra key untagged and drops the path, and "
+        "`BlockStored.lora_name` is the bare name; the other LoRA field, `lora_id`, is deprecated "
+        "(\"Retained for backward compatibility\") and the adapter's per-instance integer, which the "
+        "key does not use. So two adapters of one name (the spec's `LoRA(\"a\", 1)` and "
+        "`LoRA(\"a\", 2)`, mapped to two paths) get different keys and identical events: an indexer fed "
+        "by them credits one adapter with the other's prefix. A finding of vLLM 0.33's event format, "
+        "not of its cache (no `vllm` row fails on it). The untagged `extra_keys` alone would also confuse "
+        "a LoRA `x` with a salt `x` (both `(\"x\",)`); `lora_name` tells those apart.",
     },
     "sglang": dict(_SGLANG),
     "sglang-unified": dict(_SGLANG),

@@ -103,6 +103,38 @@ state only at the end of a scheduler step on a block boundary, and its replay-bo
 exists only because its scheduler splits the prefill there (``_mamba_block_aligned_split``, in the
 scheduler, not in the manager this adapter drives); driving the manager with one prefill per
 admission gives vLLM no point to write it, so a Mamba verdict would judge the adapter, not vLLM.
+
+KV-cache events (``vllm_with_events``, ``--engine vllm-events``)
+-----------------------------------------------------------------
+``KVCacheManager(enable_kv_cache_events=True)``: ``BlockPool`` queues vLLM's own
+``vllm.distributed.kv_events`` objects, which :meth:`VllmAdapter.take_vllm_events` returns as they
+are and :meth:`VllmAdapter.take_events` maps onto :mod:`pagedprefix.spec.events` (capability
+``events``, SEMANTICS.md section 9):
+
+- **Numbering.** ``KVCacheManager.take_events`` has no sequence numbers; vLLM's scheduler publishes
+  one ``KVEventBatch`` per step that produced events (``Scheduler.update_from_output`` in
+  ``vllm/v1/core/sched/scheduler.py``: ``if events: ... publish(KVEventBatch(...))``) and its
+  ``ZmqEventPublisher`` numbers them from 0 (``itertools.count()``). The adapter does the same, one
+  batch per operation that produced events.
+- **Keys.** vLLM publishes ``maybe_convert_block_hash(hash)``: with its default
+  ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` the low 64 bits of the hash as an int, which the adapter
+  writes as 8 big-endian bytes (bytes hashes pass as they are). ``cached_keys()`` reads
+  ``BlockPool.cached_block_hash_to_block`` (its ``_cache`` dict: one block or a dict of copies per
+  ``BlockHashWithGroupId``) and converts every key the same way, so events and index speak of
+  the same keys; ``group_idx`` is the group.
+- **BlockStored.** ``block_hashes``, ``parent_block_hash``, ``token_ids``, ``block_size`` as they
+  are. Extras per block: vLLM's ``extra_keys`` entry of the block, published *untagged*
+  (``kv_cache_utils.to_event_extra_keys``: a LoRA by its bare name, a salt by its bare text, a
+  multimodal item by ``(identifier, offset)``), each value as a field of tag 0 (``UNTAGGED``:
+  no kind; its payload the value's UTF-8 or bytes, or its ``repr``); plus, when the event's
+  ``lora_name`` is set, a ``TAG_LORA`` field with that name on every block (vLLM: "use
+  ``lora_name`` for KV block key hash"). Left out: ``lora_id`` (deprecated in 0.33 — "Retained
+  for backward compatibility" — and the adapter's per-instance integer, not part of vLLM's key,
+  which uses name and path), ``medium`` (always ``GPU`` here), ``locality``, ``ownership``,
+  ``session_id``, ``kv_cache_spec_*`` (one full-attention group), ``lookahead_token_ids`` (none).
+  vLLM keys a LoRA by name *and path* (``_gen_lora_extra_hash_keys``), the event carries the name
+  only: two adapters of one name get different keys and identical events (``event-extras``).
+- **BlockRemoved** (``block_hashes``, ``group_idx``) and **AllBlocksCleared** map one to one.
 """
 
 from __future__ import annotations
@@ -110,6 +142,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -130,8 +163,11 @@ from pagedprefix.spec import (
     hit_alignment,
     is_hybrid,
 )
+from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, EventBatch, GroupKey
+from pagedprefix.spec.extras import TAG_LORA, ExtraField
 from pagedprefix.spec.hybrid import config_groups
 
+from ..event_check import UNTAGGED
 from ..protocol import AdapterBase, Capabilities, UnsupportedConfig
 from . import _harness
 from ._harness import Loaded, StandIn
@@ -326,6 +362,9 @@ class VllmAdapter(AdapterBase):
     capabilities = CAPABILITIES
 
     def __init__(self, config: CacheConfig, *, kv_events: bool = False) -> None:
+        if kv_events:  # events are judged on the one full-attention group only (SEMANTICS.md 9)
+            self.capabilities = replace(CAPABILITIES, events=True, groups=frozenset())
+        self.next_seq = 0
         algo = HASH_NAMES.get(config.hash_algo)
         if algo is None:
             raise UnsupportedConfig(f"vLLM has no counterpart of hash_algo={config.hash_algo!r}")
@@ -336,6 +375,7 @@ class VllmAdapter(AdapterBase):
         iface = mods["vllm.v1.kv_cache_interface"]
         utils = mods["vllm.v1.core.kv_cache_utils"]
         self._req_mod = mods["vllm.v1.request"]
+        self._utils = utils
         self._lora_cls: Callable[..., Any] = mods["vllm.lora.request"].LoRARequest
         self._sampling_cls: Callable[..., Any] = mods["vllm.sampling_params"].SamplingParams
         self.block_size = config.block_size
@@ -469,13 +509,77 @@ class VllmAdapter(AdapterBase):
         """``KVCacheManager.new_step_starts()`` (a step boundary; vLLM defers same-step states)."""
         self.manager.new_step_starts()
 
-    def take_events(self) -> list[Any]:
-        """vLLM's own KV-cache events since the last call (``KVCacheManager.take_events``; only with
-        ``kv_events=True``). They carry no sequence numbers: vLLM's publisher numbers batches."""
+    def take_vllm_events(self) -> list[Any]:
+        """vLLM's own KV-cache event objects since the last call (``KVCacheManager.take_events``;
+        only with ``kv_events=True``). They carry no sequence numbers: vLLM's publisher numbers
+        batches."""
         return list(self.manager.take_events())
+
+    def take_events(self) -> list[EventBatch]:
+        """vLLM's events since the last call mapped onto :mod:`pagedprefix.spec.events` (module
+        docstring), as one batch numbered 0, 1, … (none when vLLM queued nothing)."""
+        events = [self._event(e) for e in self.take_vllm_events()]
+        if not events:
+            return []
+        batch = EventBatch(self.next_seq, tuple(events))
+        self.next_seq += 1
+        return [batch]
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        """vLLM's index, ``BlockPool.cached_block_hash_to_block``: blocks per key, with keys in the
+        form its events publish them (module docstring)."""
+        utils = self._utils
+        out: Counter[GroupKey] = Counter()
+        for key, blocks in self.pool.cached_block_hash_to_block._cache.items():
+            external = utils.maybe_convert_block_hash(utils.get_block_hash(key))
+            copies = len(blocks) if isinstance(blocks, dict) else 1
+            out[(utils.get_group_id(key), external_key(external))] += copies
+        return out
+
+    def _event(self, e: Any) -> Event:
+        name = type(e).__name__
+        if name == "BlockStored":
+            extras = e.extra_keys or [None] * len(e.block_hashes)
+            lora = (ExtraField(TAG_LORA, e.lora_name.encode("utf-8")),) if e.lora_name is not None else ()
+            fields = tuple(
+                lora + tuple(ExtraField(UNTAGGED, untagged_bytes(v)) for v in ks or ()) for ks in extras
+            )
+            return BlockStored(
+                tuple(external_key(h) for h in e.block_hashes),
+                None if e.parent_block_hash is None else external_key(e.parent_block_hash),
+                tuple(int(t) for t in e.token_ids),
+                int(e.block_size),
+                fields,
+                int(e.group_idx or 0),
+            )
+        if name == "BlockRemoved":
+            return BlockRemoved(tuple(external_key(h) for h in e.block_hashes), int(e.group_idx or 0))
+        if name == "AllBlocksCleared":
+            return AllBlocksCleared()
+        raise TypeError(f"vLLM queued an unknown KV-cache event {e!r:.200}")
 
     def close(self) -> None:
         self.requests.clear()
+
+
+def external_key(value: object) -> bytes:
+    """A key as vLLM's events publish it (``ExternalBlockHash``: an int of 64 bits, or bytes) as
+    bytes: an int as 8 big-endian bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value.to_bytes(8, "big")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    raise TypeError(f"a vLLM block hash that is neither an int nor bytes: {value!r:.80}")
+
+
+def untagged_bytes(value: object) -> bytes:
+    """The payload of one untagged extra key of a vLLM event: a str's UTF-8, bytes as they are,
+    anything else (a multimodal ``(identifier, offset)`` pair) its ``repr``."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    return repr(value).encode("utf-8")
 
 
 class VllmHybridAdapter(VllmAdapter):
@@ -497,6 +601,8 @@ class VllmHybridAdapter(VllmAdapter):
         self._lora_cls = mods["vllm.lora.request"].LoRARequest
         self._sampling_cls = mods["vllm.sampling_params"].SamplingParams
         self.groups = groups
+        self._utils = utils
+        self.next_seq = 0
         self.block_size = hash_granularity(groups)
         self.align = hit_alignment(groups)
         self.num_blocks = config.num_blocks
@@ -594,5 +700,7 @@ def vllm(config: CacheConfig) -> VllmAdapter:
 
 
 def vllm_with_events(config: CacheConfig) -> VllmAdapter:
-    """Like :func:`vllm`, with vLLM's KV-cache event queue on (read it with ``take_events()``)."""
+    """Like :func:`vllm`, with vLLM's KV-cache event queue on and capability ``events``
+    (``--engine vllm-events``): ``take_events()`` maps vLLM's events onto the spec's,
+    ``take_vllm_events()`` returns vLLM's own objects."""
     return VllmAdapter(config, kv_events=True)

@@ -59,7 +59,9 @@ def measure(target: Target, seed: int, mode: str) -> dict[str, object]:
     found = failing(report)
     caught = sorted(set(found["stateful"]) | set(found["vectors"]))
     lengths = {}
+    first = None
     if report.stateful is not None:
+        first = report.stateful.found_order[0] if report.stateful.found_order else None
         lengths = {f.prop: len(f.vector["cases"][0]["steps"]) for f in report.stateful.failures() if f.vector}
     return {
         "engine": target.name,
@@ -72,6 +74,7 @@ def measure(target: Target, seed: int, mode: str) -> dict[str, object]:
         "expected_caught": target.prop in caught if target.prop else None,
         "seconds": round(seconds, 2),
         "counterexample_steps": lengths,
+        "first": first,
     }
 
 

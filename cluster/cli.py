@@ -1,0 +1,313 @@
+"""``pagedprefix indexer-conform``: judge a KV indexer against the reference on adversarial streams.
+
+Examples::
+
+    pagedprefix indexer-conform                                   # the reference judges itself
+    pagedprefix indexer-conform --indexer mypkg.router:make_indexer --path src
+    pagedprefix indexer-conform --indexer "jsonl:./my-indexer --serve" --json report.json
+    pagedprefix indexer-conform --list
+
+Exit status: 0 every scenario passed, 1 a finding, 2 a user error (an indexer that cannot be
+loaded, an unknown scenario, an output that cannot be written).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pagedprefix.conformance.protocol import EngineUnavailable
+from pagedprefix.conformance.subprocess_adapter import EngineProcessError
+from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
+from pagedprefix.conformance.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
+from pagedprefix.conformance.watchdog import EngineHung
+from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, set_cluster_hook
+from pagedprefix.replay.cli_common import PLOT_HINT, _progress, fail, output_problem, plot_problem
+from pagedprefix.replay.sim import ReplayConfig
+from pagedprefix.replay.trace import TraceError, load_trace
+from pagedprefix.spec import PrefixCacheError
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from .conform import IndexerFactory, Verdict, judge
+from .load import open_indexer
+from .options import cluster_options
+from .replay import ClusterOptions, ClusterResult, run_with_twin
+from .report import CLUSTER_FIELDS, cluster_table, write_rows_csv, write_rows_json, write_rows_plot
+from .scenarios import builtin_scenarios
+from .streams import Scenario
+from .sweep import EXECUTORS, RAY_HINT, CellError, SweepRun, check_cell, grid, ray_available, run_sweep
+from .transport import ZMQ_HINT, TransportError, zmq_available
+
+COMMAND = "indexer-conform"
+MAX_GENERATED = 1000
+MAX_SECONDS = 1e6
+
+_H_INDEXER = ("reference, module:factory (a Callable[[IndexerConfig], KVIndexer], run in a worker "
+              "process unless --in-process) or jsonl:COMMAND (a server speaking the indexer "
+              "JSON-lines protocol)")
+_H_IN_PROCESS = "run a module:factory indexer in this process"
+
+
+def _check_seconds_for(command: str, name: str, value: float) -> None:
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise fail(command, f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], got {value}")
+
+
+def _check_seconds(name: str, value: float) -> None:
+    _check_seconds_for(COMMAND, name, value)
+
+
+def _select(scenarios: list[Scenario], names: list[str] | None) -> list[Scenario]:
+    if not names:
+        return scenarios
+    known = {s.name: s for s in scenarios}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise fail(COMMAND, f"unknown scenario {unknown[0]!r}; --list shows them")
+    return [known[n] for n in names]
+
+
+def _table(verdicts: list[Verdict]) -> Table:
+    table = Table(title="indexer-conform", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("scenario", "verdict", "queries", "resyncs", "finding"):
+        table.add_column(name, overflow="fold")
+    for v in verdicts:
+        finding = "" if v.finding is None else f"step {v.finding.step}" + (
+            f" {v.finding.source}" if v.finding.source else "") + f": {v.finding.message}"
+        table.add_row(v.scenario.name, "PASS" if v.passed else "[red]FAIL[/red]", str(v.queries),
+                      f"{v.candidate_resyncs}/{v.reference_resyncs}", finding)
+    table.caption = "resyncs: asked by the indexer / by the reference"
+    return table
+
+
+def _report(indexer: str, verdicts: list[Verdict]) -> dict[str, object]:
+    return {
+        "format": "pagedprefix.indexer-conform", "version": 1, "indexer": indexer,
+        "passed": all(v.passed for v in verdicts),
+        "scenarios": [{"name": v.scenario.name, "doc": v.scenario.doc, "passed": v.passed,
+                       "queries": v.queries, "candidate_resyncs": v.candidate_resyncs,
+                       "reference_resyncs": v.reference_resyncs,
+                       "finding": None if v.finding is None else {
+                           "step": v.finding.step, "source": v.finding.source, "message": v.finding.message}}
+                      for v in verdicts],
+    }
+
+
+def indexer_conform_command(
+    indexer: Annotated[str, typer.Option(help=_H_INDEXER)] = "reference",
+    in_process: Annotated[bool, typer.Option("--in-process", help=_H_IN_PROCESS)] = False,
+    path: Annotated[list[Path] | None, typer.Option(help="search DIR for the indexer's module first")] = None,
+    generated: Annotated[int, typer.Option(min=0, max=MAX_GENERATED, help="random scenarios to add")] = 6,
+    scenario: Annotated[list[str] | None, typer.Option(help="run only this scenario (repeatable)")] = None,
+    call_timeout: Annotated[float, typer.Option(help="seconds one indexer call may take")] = CALL_TIMEOUT,
+    start_timeout: Annotated[float, typer.Option(help="seconds a worker may take to start")] = START_TIMEOUT,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the report as JSON")] = None,
+    list_only: Annotated[bool, typer.Option("--list", help="list the scenarios and exit")] = False,
+) -> None:
+    """Judge a KV indexer against the reference: the same adversarial event streams (loss,
+    duplication, reordering across replicas, restarts, AllBlocksCleared, unknown parents, hybrid
+    groups), answer by answer."""
+    out = Console() if Console().is_terminal else Console(width=160)
+    _check_seconds("--call-timeout", call_timeout)
+    _check_seconds("--start-timeout", start_timeout)
+    problem = output_problem({"--json": json_path})
+    if problem is not None:
+        raise fail(COMMAND, problem)
+    for d in path or []:
+        if not d.is_dir():
+            raise fail(COMMAND, f"--path {d}: not a directory")
+    scenarios = _select(builtin_scenarios(generated), scenario)
+    if list_only:
+        for s in scenarios:
+            typer.echo(f"{s.name}: {' '.join(s.doc.split())}")
+        return
+    try:
+        loaded = open_indexer(indexer, in_process=in_process, paths=path or [], call_timeout=call_timeout,
+                              start_timeout=start_timeout)
+        loaded.start()
+    except (EngineUnavailable, EngineProcessError, EngineHung) as exc:
+        raise fail(COMMAND, exc) from None
+    try:
+        verdicts = judge(loaded.factory, scenarios)
+    finally:
+        loaded.close()
+    out.print(_table(verdicts))
+    failed = sum(not v.passed for v in verdicts)
+    out.print(f"{len(verdicts) - failed} passed, {failed} failed", markup=False, highlight=False)
+    if json_path is not None:
+        try:
+            json_path.write_text(json.dumps(_report(indexer, verdicts), indent=2) + "\n")
+        except OSError as exc:
+            raise fail(COMMAND, f"--json {json_path}: cannot write: {exc}") from None
+    if failed:
+        raise typer.Exit(1)
+
+
+REPLAY = "replay"
+SWEEP = "sweep"
+
+
+def cluster_runner(args: ClusterArgs) -> ClusterRunner:
+    """The ``replay`` command's cluster mode: check the cluster options and what they need (pyzmq
+    for ``--transport zmq``, the indexer) now, before the trace is loaded; the runner replays each
+    capacity (with its oracle-routed twin when a fault is injected), prints the table, writes files."""
+    try:
+        options = cluster_options(args)
+    except ValueError as exc:
+        raise fail(REPLAY, exc) from None
+    if options.transport == "zmq" and not zmq_available():
+        raise fail(REPLAY, ZMQ_HINT)
+    try:
+        loaded = open_indexer(args.indexer)
+        loaded.start()
+    except (EngineUnavailable, EngineProcessError, EngineHung) as exc:
+        raise fail(REPLAY, exc) from None
+
+    def run(job: ReplayJob, out: Console, console: Console) -> None:
+        if not out.is_terminal:  # one line per run, however many replicas
+            out = Console(width=220)
+        try:
+            rows = [_run_capacity(job, config, options, loaded.factory, args.indexer, console).row()
+                    for config in job.configs]
+        finally:
+            loaded.close()
+        out.print(cluster_table(rows))
+        _write(rows, job.csv_path, job.json_path, job.plot)
+
+    return run
+
+
+def _run_capacity(job: ReplayJob, config: ReplayConfig, options: ClusterOptions, factory: IndexerFactory,
+                  indexer: str, console: Console) -> ClusterResult:
+    label = f"{options.replicas} x {'unbounded' if config.num_blocks is None else config.num_blocks} blocks"
+    try:
+        with _progress(job.show_progress, console, label, len(job.requests)) as update:
+            return run_with_twin(job.requests, config, options, job.factory, indexer_factory=factory,
+                                 indexer_name=indexer, engine_name=job.engine, trace_name=job.trace,
+                                 progress=update)
+    except PrefixCacheError as exc:  # a config the engine refuses
+        raise fail(REPLAY, exc) from None
+    except TransportError as exc:
+        raise fail(REPLAY, f"event transport failed: {exc}", code=1) from None
+    except (EngineProcessError, EngineHung) as exc:
+        raise fail(REPLAY, f"indexer {indexer!r} failed: {exc}", code=1) from None
+    except Exception as exc:  # the engine itself failed: not a user error
+        raise fail(REPLAY, f"cluster replay failed: {type(exc).__name__}: {exc}", code=1) from None
+
+
+def _write(rows: list[dict[str, Any]], csv_path: Path | None, json_path: Path | None,
+           plot: Path | None) -> None:
+    writers = ((csv_path, "--csv", write_rows_csv), (json_path, "--json", write_rows_json),
+               (plot, "--plot", write_rows_plot))
+    for path, option, write in writers:
+        if path is None:
+            continue
+        try:
+            write(rows, path)
+        except OSError as exc:
+            raise fail(REPLAY, f"{option} {path}: cannot write: {exc}") from None
+        except ImportError:
+            raise fail(REPLAY, PLOT_HINT) from None
+
+
+_H_AXIS = "comma list: one cell per value (the replay's own option; not given: the replay's default)"
+_H_SWEEP_PLOT = "hit rate against replicas, PNG (needs matplotlib)"
+_H_EXECUTOR = "local (a process pool) or ray (RAY_ADDRESS, or a local Ray cluster)"
+_H_WORKERS = "processes (local) or CPUs of the local Ray cluster; default: the CPU count"
+
+
+def _axis(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def sweep_command(
+    ctx: typer.Context,
+    trace: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    num_blocks: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    free_order: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    replicas: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    router: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    drop_events: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
+    executor: Annotated[str, typer.Option(help=_H_EXECUTOR)] = "local",
+    workers: Annotated[int | None, typer.Option(min=1, max=1024, help=_H_WORKERS)] = None,
+    cell_timeout: Annotated[float, typer.Option(help="seconds a cell may take")] = 3600.0,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="write one CSV row per cell")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the rows as JSON")] = None,
+    plot: Annotated[Path | None, typer.Option(help=_H_SWEEP_PLOT)] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="progress bar")] = None,
+) -> None:
+    """A grid of cluster replays written in the replay's own options (comma lists; options after
+    '--' go to every cell), one task per cell, on local cores or a Ray cluster."""
+    console = Console(stderr=True)
+    out = Console() if Console().is_terminal else Console(width=200)
+    given = {"trace": trace, "num-blocks": num_blocks, "free-order": free_order, "replicas": replicas,
+             "router": router, "drop-events": drop_events}
+    axes = {name: _axis(text) for name, text in given.items() if text is not None}
+    empty = [name for name, values in axes.items() if not values]
+    if empty:
+        raise fail(SWEEP, f"--{empty[0]} needs at least one value")
+    if executor not in EXECUTORS:
+        raise fail(SWEEP, f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if executor == "ray" and not ray_available():
+        raise fail(SWEEP, RAY_HINT)
+    _check_seconds_for(SWEEP, "--cell-timeout", cell_timeout)
+    problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
+    if problem is not None:
+        raise fail(SWEEP, problem)
+    cells = grid(axes, list(ctx.args))
+    for cell in cells:
+        try:
+            check_cell(cell)
+        except CellError as exc:
+            raise fail(SWEEP, f"cell 'pagedprefix replay {shlex.join(cell)}': {exc}") from None
+    for name in axes.get("trace", ["conversation"]):
+        try:
+            load_trace(name, limit=1)
+        except TraceError as exc:
+            raise fail(SWEEP, exc) from None
+    n_workers = workers or os.cpu_count() or 1
+    show = console.is_terminal if progress is None else progress
+    try:
+        with _progress(show, console, f"{len(cells)} cells ({executor})", len(cells)) as update:
+            done = run_sweep(cells, executor, n_workers, cell_timeout,
+                             None if update is None else (lambda k: update(k, len(cells))))
+    except CellError as exc:
+        raise fail(SWEEP, exc) from None
+    except TimeoutError as exc:
+        raise fail(SWEEP, exc, code=1) from None
+    out.print(cluster_table(done.rows, title="sweep"))
+    out.print(f"{len(cells)} cells on {executor} ({n_workers} workers) in {done.wall_s:.1f} s",
+              markup=False, highlight=False)
+    _write_sweep(done, csv_path, json_path, plot)
+
+
+def _write_sweep(done: SweepRun, csv_path: Path | None, json_path: Path | None, plot: Path | None) -> None:
+    meta = {"sweep": {"executor": done.executor, "workers": done.workers, "wall_s": done.wall_s,
+                      "cells": len({r["cell"] for r in done.rows})}}
+    try:
+        if csv_path is not None:
+            write_rows_csv(done.rows, csv_path, (*CLUSTER_FIELDS, "free_order", "cell"))
+        if json_path is not None:
+            write_rows_json(done.rows, json_path, kind="sweep", extra=meta)
+        if plot is not None:
+            write_rows_plot(done.rows, plot)
+    except OSError as exc:
+        raise fail(SWEEP, f"cannot write: {exc}") from None
+    except ImportError:
+        raise fail(SWEEP, PLOT_HINT) from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the cluster commands to the project's typer app and install the cluster mode of
+    ``pagedprefix replay``."""
+    set_cluster_hook(cluster_runner)
+    app.command(COMMAND, help=indexer_conform_command.__doc__)(indexer_conform_command)
+    extra = {"allow_extra_args": True, "ignore_unknown_options": True}
+    app.command(SWEEP, help=sweep_command.__doc__, context_settings=extra)(sweep_command)

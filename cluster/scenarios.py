@@ -1,0 +1,190 @@
+"""The built-in adversarial scenarios of ``pagedprefix indexer-conform``: one per fault a KV indexer
+must survive (each names the public failure it stands for), then generated ones that mix them all.
+
+Paths are toy requests (:func:`pagedprefix.cluster.streams.toy_keys`): ``ABC`` below means a
+request of three 16-token blocks with contents A, B, C; ``AB`` shares its first two blocks.
+"""
+
+from __future__ import annotations
+
+from pagedprefix.spec.events import AllBlocksCleared
+
+from .prefix import GroupSpec
+from .streams import Faults, Scenario, ScenarioBuilder, random_scenario, removed, stored
+
+ABC = [1, 2, 3]
+AB = [1, 2]
+XY = [7, 8]
+ABCD = [1, 2, 3, 4]
+
+
+def duplicate_copies() -> Scenario:
+    """Two requests computed the same prefix (vLLM v1 keeps both copies); one copy is evicted, the
+    other still holds the key. An indexer that keeps a set instead of counting loses it."""
+    b = ScenarioBuilder("duplicate-copies", duplicate_copies.__doc__ or "")
+    b.publish("r0", stored(ABC, 0, 3))
+    b.publish("r0", stored(ABC, 0, 2))
+    b.publish("r0", removed(ABC, [1]))
+    b.query(ABC)
+    b.publish("r0", removed(ABC, [1]))
+    b.query(ABC)
+    return b.build()
+
+
+def all_blocks_cleared() -> Scenario:
+    """``reset_prefix_cache``: every key leaves. An indexer that only logs ``AllBlocksCleared``
+    keeps crediting the replica."""
+    b = ScenarioBuilder("all-blocks-cleared", all_blocks_cleared.__doc__ or "", sources=("r0", "r1"))
+    b.publish("r0", stored(ABC, 0, 3))
+    b.publish("r1", stored(AB, 0, 2))
+    b.query(ABC)
+    b.publish("r0", AllBlocksCleared(), stored(XY, 0, 2))
+    b.query(ABC)
+    b.query(XY)
+    return b.build()
+
+
+def restart() -> Scenario:
+    """The engine restarts and numbers its batches from 0 again; its cache is empty. The source is
+    cleared and resynced (batch 0 of a new instance and a re-delivered batch 0 look alike). An index
+    that keeps the old instance's blocks credits a replica that holds nothing."""
+    b = ScenarioBuilder("restart", restart.__doc__ or "", sources=("r0", "r1"))
+    b.publish("r0", stored(ABC, 0, 3))
+    b.publish("r0", stored(XY, 0, 2))
+    b.publish("r1", stored(AB, 0, 2))
+    b.restart("r0")
+    b.publish("r0", stored(ABCD, 0, 1))
+    b.query(ABC)
+    b.settle()
+    b.query(ABC)
+    b.query(XY)
+    return b.build()
+
+
+def restart_first_batch_lost() -> Scenario:
+    """A restart whose first batch (0) is lost: the number goes back (a restart) and batch 0 is
+    missing. The source must be cleared and resynced, not answered from a partial stream."""
+    b = ScenarioBuilder("restart-first-batch-lost", restart_first_batch_lost.__doc__ or "")
+    b.publish("r0", stored(ABC, 0, 3))
+    b.publish("r0", stored(XY, 0, 2))
+    b.publish("r0", removed(XY, [1]))
+    b.restart("r0")
+    b.lose("r0", stored(AB, 0, 2))
+    b.publish("r0", stored(XY, 0, 1))
+    b.query(AB)
+    b.settle()
+    b.query(AB)
+    b.query(ABC)
+    return b.build()
+
+
+def lost_batch() -> Scenario:
+    """A batch is lost (a removal and a store): the next batch shows the gap. Until resynced the
+    source must not be answered for; after a full resync the answer is the replica's real index.
+    An indexer that ignores sequence gaps keeps the removed key and misses the stored one."""
+    b = ScenarioBuilder("lost-batch", lost_batch.__doc__ or "", sources=("r0", "r1"))
+    b.publish("r0", stored(ABC, 0, 3))
+    b.publish("r1", stored(ABC, 0, 1))
+    b.lose("r0", removed(ABC, [2]), stored(XY, 0, 2))
+    b.publish("r0", stored(ABCD, 3, 4))
+    b.query(ABC)
+    b.settle()
+    b.query(ABC)
+    b.query(XY)
+    return b.build()
+
+
+def late_join() -> Scenario:
+    """The indexer starts (or restarts) while the replica runs: its first batch is not 0. The
+    events it missed are a gap; its parents are unknown because their batches were missed, not
+    because they do not exist. Dropping events with an unknown parent, or starting from the first
+    batch seen, loses every block stored before."""
+    b = ScenarioBuilder("late-join", late_join.__doc__ or "")
+    b.lose("r0", stored(ABC, 0, 3))
+    b.lose("r0", stored(XY, 0, 1))
+    b.publish("r0", stored(XY, 1, 2), stored(ABCD, 3, 4))
+    b.query(ABCD)
+    b.settle()
+    b.query(ABCD)
+    b.query(XY)
+    return b.build()
+
+
+def unknown_parent_mamba() -> Scenario:
+    """A hybrid model with a Mamba group keeps only the state at the end of the prompt: its
+    ``BlockStored`` names a parent state that was never stored. The state is valid all the same; an
+    indexer that drops events with an unknown parent never credits a hybrid prefix."""
+    groups = (GroupSpec("full", 16), GroupSpec("mamba", 16))
+    b = ScenarioBuilder("unknown-parent-mamba", unknown_parent_mamba.__doc__ or "", groups=groups)
+    b.publish("r0", stored(ABCD, 0, 4, group=0), stored(ABCD, 3, 4, group=1))
+    b.publish("r0", stored(AB, 0, 2, group=0), stored(AB, 1, 2, group=1))
+    b.query(ABCD)
+    b.query(ABC)
+    b.query(AB)
+    return b.build()
+
+
+def sliding_window_sparse() -> Scenario:
+    """A sliding-window group (window 33 tokens: the 2 blocks before the resume point) releases the
+    blocks that left the window; the full group keeps them. Residency of the sliding group's early
+    blocks is gone, so only resume points whose window is still held are valid. An indexer that
+    answers from the full group alone (or maps the sparse group onto contiguous positions) claims a
+    prefix whose window is not there."""
+    groups = (GroupSpec("full", 16), GroupSpec("sliding", 16, window=33))
+    b = ScenarioBuilder("sliding-window-sparse", sliding_window_sparse.__doc__ or "", groups=groups)
+    b.publish("r0", stored(ABCD, 0, 4, group=0), stored(ABCD, 0, 4, group=1))
+    b.query(ABCD)
+    b.publish("r0", removed(ABCD, [0, 1], group=1))
+    b.query(ABCD)
+    b.publish("r0", removed(ABCD, [3], group=1))
+    b.query(ABCD, num_tokens=65)
+    b.query(ABCD, num_tokens=49)
+    return b.build()
+
+
+def duplicate_batch() -> Scenario:
+    """A batch is delivered twice (a publisher's replay overlapping what arrived). The number goes
+    back, which the rules read as a restart: clear and resync. Applying it again double-counts its
+    stores, so a key removed later still looks held."""
+    b = ScenarioBuilder("duplicate-batch", duplicate_batch.__doc__ or "")
+    b.publish("r0", stored(AB, 0, 2))
+    again = b.publish("r0", stored(ABC, 2, 3))
+    b.publish("r0", removed(ABC, [2]))
+    b.redeliver("r0", again)
+    b.settle()
+    b.query(ABC)
+    return b.build()
+
+
+def reordered_replicas() -> Scenario:
+    """Three replicas' batches interleave in any order; each source's index is its own, and one
+    replica's gap must not stop answers for the others."""
+    b = ScenarioBuilder("reordered-replicas", reordered_replicas.__doc__ or "", sources=("r0", "r1", "r2"))
+    b.publish("r2", stored(ABC, 0, 1))
+    b.publish("r0", stored(ABC, 0, 3))
+    b.lose("r1", stored(ABC, 0, 2))
+    b.publish("r2", stored(ABC, 1, 2))
+    b.publish("r1", stored(XY, 0, 2))
+    b.publish("r0", removed(ABC, [2]))
+    b.query(ABC)
+    b.settle()
+    b.query(ABC)
+    return b.build()
+
+
+HAND_WRITTEN = (
+    duplicate_copies, all_blocks_cleared, restart, restart_first_batch_lost, lost_batch, late_join,
+    unknown_parent_mamba, sliding_window_sparse, duplicate_batch, reordered_replicas,
+)
+
+GENERATED_FAULTS = Faults(drop=0.15, duplicate=0.08, restart=0.03, settle=0.5)
+
+
+def builtin_scenarios(generated: int = 6) -> list[Scenario]:
+    """The hand-written scenarios, then ``generated`` random ones with every fault mixed
+    (:data:`GENERATED_FAULTS`), full-attention, sliding-window and Mamba hybrids in turn."""
+    out = [make() for make in HAND_WRITTEN]
+    kinds = ("", "sliding", "mamba")
+    for seed in range(generated):
+        out.append(random_scenario(seed, GENERATED_FAULTS, hybrid=kinds[seed % 3]))
+    return out

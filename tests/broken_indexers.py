@@ -1,0 +1,155 @@
+"""Deliberately broken KV indexers, one per publicly reported indexer bug class; every one must be
+caught by the built-in scenarios of ``pagedprefix indexer-conform``, in process and over JSON lines
+(``python -m pagedprefix.cluster.jsonl_server --indexer broken_indexers:NAME``, this folder on the path).
+
+Each changes one rule of :class:`pagedprefix.cluster.ReferenceIndexer` and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from pagedprefix.cluster import IndexerConfig, ReferenceIndexer
+from pagedprefix.cluster.indexer import Answers, SourceState
+from pagedprefix.cluster.prefix import longest_prefix
+from pagedprefix.spec.events import AllBlocksCleared, BlockStored, EventBatch, GroupKey, apply
+
+
+class ClearOnlyLogged(ReferenceIndexer):
+    """``AllBlocksCleared`` is only logged: a cleared replica keeps being credited."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        kept = tuple(e for e in batch.events if not isinstance(e, AllBlocksCleared))
+        return super().events(source, EventBatch(batch.seq, kept))
+
+
+class DropsUnknownParent(ReferenceIndexer):
+    """A ``BlockStored`` whose parent is not held is dropped (and so, in turn, its descendants)."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        state = self._source(source)
+        kept = []
+        for e in batch.events:
+            if isinstance(e, BlockStored) and e.parent_block_hash is not None and not state.held(
+                e.group, e.parent_block_hash
+            ):
+                continue
+            kept.append(e)
+        return super().events(source, EventBatch(batch.seq, tuple(kept)))
+
+
+class IgnoresGaps(ReferenceIndexer):
+    """Sequence numbers are not checked at all: every batch is applied as it comes, never resynced
+    (and a removal the index contradicts is skipped)."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        state = self._source(source)
+        for e in batch.events:
+            try:
+                apply(state.index, e)
+            except ValueError:
+                continue
+        return False
+
+
+class IgnoresRestarts(ReferenceIndexer):
+    """A number going back is taken as the next batch: a restarted engine's old blocks stay."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        state = self._source(source)
+        if batch.seq < state.expected:
+            state.expected = batch.seq
+        return super().events(source, batch)
+
+
+class AppliesDuplicates(ReferenceIndexer):
+    """A re-delivered batch is applied again (its stores counted twice)."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        state = self._source(source)
+        if 0 < batch.seq < state.expected:
+            for e in batch.events:
+                try:
+                    apply(state.index, e)
+                except ValueError:
+                    continue
+            return False
+        return super().events(source, batch)
+
+
+class NoCopyCount(ReferenceIndexer):
+    """A set of keys, not a count: the eviction of one of two copies loses the key."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        out = super().events(source, batch)
+        state = self._source(source)
+        state.index = Counter({k: 1 for k in state.index})
+        return out
+
+    def resync(self, source: str, seq: int, cached_keys: Mapping[GroupKey, int]) -> None:
+        super().resync(source, seq, {k: min(n, 1) for k, n in cached_keys.items()})
+
+
+class FullGroupOnly(ReferenceIndexer):
+    """Hybrid models answered from the first (full-attention) group alone: a sparse sliding or Mamba
+    group's missing blocks are never looked at (false residency)."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        first = self.config.groups[:1]
+
+        def answer(state: SourceState) -> int | None:
+            return longest_prefix(first, keys[:1], num_tokens, state.held) if state.in_sync else None
+
+        return {name: answer(state) for name, state in self.sources.items()}
+
+
+class AnswersWhileStale(ReferenceIndexer):
+    """Sees the gap and asks for a resync, but keeps answering from its old index meanwhile."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        groups = self.config.groups
+        return {name: longest_prefix(groups, keys, num_tokens, state.held)
+                for name, state in self.sources.items()}
+
+
+BROKEN = {
+    "clear_only_logged": ClearOnlyLogged,
+    "drops_unknown_parent": DropsUnknownParent,
+    "ignores_gaps": IgnoresGaps,
+    "ignores_restarts": IgnoresRestarts,
+    "applies_duplicates": AppliesDuplicates,
+    "no_copy_count": NoCopyCount,
+    "full_group_only": FullGroupOnly,
+    "answers_while_stale": AnswersWhileStale,
+}
+
+
+def _factory(cls: type[ReferenceIndexer]):  # type: ignore[no-untyped-def]
+    def make(config: IndexerConfig) -> ReferenceIndexer:
+        return cls(config)
+
+    return make
+
+
+clear_only_logged = _factory(ClearOnlyLogged)
+drops_unknown_parent = _factory(DropsUnknownParent)
+ignores_gaps = _factory(IgnoresGaps)
+ignores_restarts = _factory(IgnoresRestarts)
+applies_duplicates = _factory(AppliesDuplicates)
+no_copy_count = _factory(NoCopyCount)
+full_group_only = _factory(FullGroupOnly)
+answers_while_stale = _factory(AnswersWhileStale)
+
+
+class HangsOnQuery(ReferenceIndexer):
+    """Never answers a query (a deadlock): the harness's time limit must stop it."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        import time
+
+        time.sleep(120)
+        return super().query(keys, num_tokens)
+
+
+hangs_on_query = _factory(HangsOnQuery)
