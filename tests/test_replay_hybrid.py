@@ -101,3 +101,30 @@ def test_impl_and_spec_replay_alike() -> None:
     a = run_replay(requests, config, create_manager)
     b = run_replay(requests, config, create_cache)
     assert a.hits == b.hits and a.orphans == b.orphans and a.evictions == b.evictions
+
+
+@pytest.mark.parametrize(
+    ("retention", "num_blocks", "hit_tokens", "orphans", "evictions"),
+    [
+        ("replay", None, 60416, 2751, 0),
+        ("dense", None, 60928, 0, 0),
+        ("replay", 1200, 29696, 158, 15883),
+        ("dense", 1200, 30208, 10, 31004),
+    ],
+)
+def test_the_slice_measures(
+    retention: str, num_blocks: int | None, hit_tokens: int, orphans: int, evictions: int
+) -> None:
+    """The first 120 requests of the conversation trace (1776339 prompt tokens) over the gpt-oss-like
+    geometry: the numbers the replay reports, pinned. Without eviction the sparse default strands
+    2751 keyed blocks and dense none; under pressure dense keys twice the blocks, so it evicts twice
+    as many."""
+    from pagedprefix.impl import create_manager
+
+    requests = load_trace("conversation", limit=120).requests
+    config = ReplayConfig(num_blocks=num_blocks, groups=(full(16), sliding(128, 16)), retention=retention)
+    result = run_replay(requests, config, create_manager)
+    assert result.prompt_tokens == 1776339
+    assert (result.hit_tokens, result.orphans, result.evictions) == (hit_tokens, orphans, evictions)
+    assert result.orphans_peak == orphans  # fewer than 256 requests: sampled at the end only
+    assert result.num_blocks == (227638 if num_blocks is None else num_blocks)
