@@ -134,6 +134,9 @@ NOTES: dict[str, dict[str, str]] = {
         "by them credits one adapter with the other's prefix. A finding of vLLM 0.33's event format, "
         "not of its cache (no `vllm` row fails on it). The untagged `extra_keys` alone would also confuse "
         "a LoRA `x` with a salt `x` (both `(\"x\",)`); `lora_name` tells those apart.",
+        "vectors: extras": "the same finding as `event-extras`, reached by the shipped vectors "
+        "`extras/lora-id-matters` (one LoRA name with two ids): vLLM's keys tell the two adapters "
+        "apart (the `vllm` rows pass these vectors), its events do not.",
     },
     "sglang": dict(_SGLANG),
     "sglang-unified": dict(_SGLANG),

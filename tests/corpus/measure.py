@@ -98,13 +98,27 @@ def _caught_cell(rows: list[dict[str, object]], expected: str) -> str:
     return f"killed {count(killed)}, expected {count(named)}{also}"
 
 
+def _printed_cell(rows: list[dict[str, object]]) -> str:
+    """The lengths (steps) of the stateful counterexample printed first, over the default runs."""
+    lengths = []
+    for r in rows:
+        steps = r.get("counterexample_steps") or {}
+        first = r.get("first")
+        if isinstance(steps, dict) and first in steps:
+            lengths.append(int(steps[first]))
+    if not lengths:
+        return "vectors"
+    low, high = min(lengths), max(lengths)
+    return f"{low}" if low == high else f"{low}-{high}"
+
+
 def render_table(rows: list[dict[str, object]]) -> str:
     """The kill table (markdown) from measurement rows."""
     from .mutants import MUTANT_BY_NAME
 
     lines = [
-        "| mutant | class | engine | profile | expected | shortest | default suite | vectors off |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mutant | class | engine | profile | expected | shortest | printed | default suite | vectors off |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in MUTANT_BY_NAME.items():
         cells = []
@@ -112,9 +126,10 @@ def render_table(rows: list[dict[str, object]]) -> str:
             mine = [r for r in rows if r["engine"] == name and r["mode"] == mode]
             cells.append(_caught_cell(mine, m.prop) if mine else "not run")
         shortest = f"{m.shortest}" + ("" if m.witness.prop == m.prop else f" ({m.witness.prop})")
+        printed = _printed_cell([r for r in rows if r["engine"] == name and r["mode"] == "default"])
         lines.append(
             f"| `{name}` | {m.bug_class} | {m.engine} | {m.profile} | {m.prop} | {shortest} | "
-            f"{cells[0]} | {cells[1]} |"
+            f"{printed} | {cells[0]} | {cells[1]} |"
         )
     return "\n".join(lines)
 
