@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from pagedprefix.spec import CacheConfig, PrefixCacheError, hash_granularity, is_hybrid
+from pagedprefix.spec import CacheConfig, PrefixCacheError, describe_groups, hash_granularity, is_hybrid
 
 from .codec import Json
 from .driver import Outcome, Step, describe_step
@@ -357,6 +357,12 @@ def render_failure(result: Replay, profile: str) -> Failure:
         f"free_order={config.free_order} dedup_on_full={config.dedup_on_full}"
         + (f" hash_algo={config.hash_algo}" if config.hash_algo != "sha256" else "")
         + (" verify_tokens=True" if config.verify_tokens else "")
+        + (
+            f" groups={describe_groups(config.groups)} retention={config.retention}"
+            f" group_free_order={config.group_free_order}"
+            if config.groups is not None and is_hybrid(config.groups, config.block_size)
+            else ""
+        )
     ]
     last = len(result.steps) - 1
     for i, entry in enumerate(result.steps):
