@@ -20,6 +20,7 @@ from pagedprefix.spec import (
 )
 from pagedprefix.spec.keys import HASH_FUNCTIONS, chain_keys, root_key
 
+from ._hybrid_scenarios import hybrid_cases
 from .codec import Json, config_to_json
 from .vector_format import CaseBuilder, make_case
 
@@ -1137,4 +1138,12 @@ GROUPS: tuple[tuple[str, str, Callable[[], list[Case]]], ...] = (
     ("errors", "Typed errors, their precedence, and atomic failures (section 4).", errors),
     ("keys", "Byte-exact keys (spec/key_vectors.json) and verify_tokens collisions (section 2).", keys),
     ("random", "Pinned-seed random operation sequences, every observation compared.", random_cases),
+    (
+        "hybrid",
+        "Hybrid KV-cache groups (section 8): HYBRID.md's worked examples E1-E10 with their numbers, and its "
+        "section 7.3 groups (two-group admission at the queue head, same-step and aborted Mamba states, "
+        "decodes crossing window and chunk boundaries, group free orders with orphans, equal-spec groups, "
+        "fork of a Mamba state).",
+        hybrid_cases,
+    ),
 )

@@ -14,9 +14,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId, SpecCache
+from pagedprefix.spec import (
+    GROUP_KINDS,
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    Extras,
+    RequestId,
+    SpecCache,
+    create_cache,
+    is_hybrid,
+)
 from pagedprefix.spec.events import Event, EventBatch, GroupKey
 
 from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter
@@ -38,9 +49,19 @@ class SpecShaped(Protocol):
     def block_hash(self, block_id: int) -> bytes | None: ...
 
 
-def spec_capabilities(config: CacheConfig, events: bool = False) -> Capabilities:
-    """What an engine with the spec's API and semantics declares under ``config`` (``events``: it
-    records the spec's KV-cache events, ``take_events`` and ``cached_keys``)."""
+class SpecCacheShaped(SpecShaped, Protocol):
+    """The spec caches (:class:`SpecCache`, :class:`HybridSpecCache`): also their counters."""
+
+    num_evictions: int
+
+    def request_ids(self) -> tuple[RequestId, ...]: ...
+
+
+def spec_capabilities(config: CacheConfig, groups: bool = True, events: bool = False) -> Capabilities:
+    """What an engine with the spec's API and semantics declares under ``config`` (``groups``:
+    it runs hybrid KV-cache groups of every kind, following the config's hybrid policies;
+    ``events``: it records the spec's KV-cache events, ``take_events`` and ``cached_keys`` — for
+    the one full-attention group only: hybrid caches record no events, SEMANTICS.md section 9)."""
     return Capabilities(
         keys=True,
         free_order=config.free_order,
@@ -48,7 +69,10 @@ def spec_capabilities(config: CacheConfig, events: bool = False) -> Capabilities
         exact_ids=True,
         weak_hash=True,
         verify_tokens=True,
-        events=events,
+        groups=frozenset(GROUP_KINDS) if groups else frozenset(),
+        retention=config.retention,
+        group_free_order=config.group_free_order,
+        events=events and not is_hybrid(config.groups, config.block_size),
     )
 
 
@@ -68,8 +92,8 @@ class SpecShapedAdapter:
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
         return self.cache.append(request_id, tokens)
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        self.cache.fork(parent_id, child_id)
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> Any:
+        return self.cache.fork(parent_id, child_id)  # None, or a hybrid cache's ForkResult
 
     def free(self, request_id: RequestId) -> None:
         self.cache.free(request_id)
@@ -95,6 +119,17 @@ class SpecShapedAdapter:
     def block_hash(self, block_id: int) -> bytes | None:
         return self.cache.block_hash(block_id)
 
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        """The tables per group (hybrid caches only)."""
+        tables: tuple[tuple[int | None, ...], ...] = self.cache.block_tables(request_id)  # type: ignore[attr-defined]
+        return tables
+
+    def new_step(self) -> None:
+        """A scheduler step boundary (hybrid caches; a no-op for the single-group cache)."""
+        new_step = getattr(self.cache, "new_step", None)
+        if new_step is not None:
+            new_step()
+
     def step(self) -> None:
         return None
 
@@ -113,13 +148,19 @@ class SpecShapedAdapter:
 
 
 class SpecAdapter(SpecShapedAdapter):
-    """The executable spec as an adapter; ``num_evictions`` is exposed for the runner's model.
-    ``events``: record and declare KV-cache events (the runner's own model does not)."""
+    """The executable spec as an adapter (``create_cache``: the hybrid spec for hybrid groups);
+    ``num_evictions`` is exposed for the runner's model. ``events``: record and declare KV-cache
+    events (single-group configs; the runner's own model does not)."""
 
-    cache: SpecCache
+    cache: SpecCacheShaped
 
     def __init__(self, config: CacheConfig, events: bool = False) -> None:
-        super().__init__(SpecCache.create(config, events=events), spec_capabilities(config, events))
+        caps = spec_capabilities(config, events=events)
+        if is_hybrid(config.groups, config.block_size):
+            # A HybridSpecCache has the same operations with the hybrid results (protocol.HybridAdapter).
+            super().__init__(cast(SpecCacheShaped, create_cache(config)), caps)
+        else:
+            super().__init__(SpecCache.create(config, events=caps.events), caps)
 
     @property
     def num_evictions(self) -> int:
@@ -153,9 +194,15 @@ def impl_available() -> bool:
 
 
 def impl(config: CacheConfig) -> PrefixCacheAdapter:
-    """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``), events on."""
+    """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``), events on
+    (for the one full-attention group; the hybrid manager records none)."""
     manager = impl_block_manager()
-    return SpecShapedAdapter(manager.create(config, events=True), spec_capabilities(config, events=True))
+    caps = spec_capabilities(config, events=True)
+    if is_hybrid(config.groups, config.block_size):
+        from pagedprefix.impl import create_manager
+
+        return SpecShapedAdapter(cast(SpecShaped, create_manager(config)), caps)
+    return SpecShapedAdapter(manager.create(config, events=True), caps)
 
 
 RADIX_CAPABILITIES = Capabilities(

@@ -19,6 +19,7 @@ from typing import Any
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,
+    Deferred,
     DuplicateRequest,
     Extras,
     InvalidConfig,
@@ -32,6 +33,7 @@ from pagedprefix.spec import (
     PromptEmbeds,
     UnknownRequest,
 )
+from pagedprefix.spec.groups import KVCacheGroup
 
 Json = Any
 
@@ -43,6 +45,7 @@ ERROR_CLASSES: tuple[type[PrefixCacheError], ...] = (
     InvalidTokens,
     InvalidExtras,
     OutOfBlocks,
+    Deferred,
 )
 ERROR_KINDS: tuple[str, ...] = tuple(c.__name__ for c in ERROR_CLASSES)
 _ERROR_BY_NAME: dict[str, type[PrefixCacheError]] = {c.__name__: c for c in ERROR_CLASSES}
@@ -75,9 +78,41 @@ def _opt_int(value: Json) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+HYBRID_FIELDS: dict[str, Json] = {"groups": None, "retention": "replay", "group_free_order": "group_major"}
+"""The config fields of hybrid KV-cache groups (SEMANTICS.md section 8) and their defaults: left
+out of the JSON form while they have them, so every single-group config reads as before."""
+
+
+def group_to_json(group: KVCacheGroup) -> dict[str, Json]:
+    """``{"kind", "block_size"}`` plus ``"window"`` (sliding) or ``"chunk"`` (chunked)."""
+    out: dict[str, Json] = {"kind": group.kind, "block_size": group.block_size}
+    if group.kind == "sliding":
+        out["window"] = group.window
+    if group.kind == "chunked":
+        out["chunk"] = group.chunk
+    return out
+
+
+def group_from_json(obj: Json) -> Any:
+    """A :class:`KVCacheGroup` from its JSON form; a malformed object is carried as it is (the
+    factory must reject the config)."""
+    if not isinstance(obj, dict):
+        return obj
+    return KVCacheGroup(obj.get("kind"), obj.get("block_size"), obj.get("window", 0), obj.get("chunk", 0))  # type: ignore[arg-type]
+
+
 def config_to_json(config: CacheConfig) -> dict[str, Json]:
-    """Every field of the config, by name."""
-    return dataclasses.asdict(config)
+    """Every field of the config, by name; the hybrid fields only when they are not the default."""
+    out: dict[str, Json] = {}
+    for f in dataclasses.fields(CacheConfig):
+        value = getattr(config, f.name)
+        if f.name in HYBRID_FIELDS:
+            if value == HYBRID_FIELDS[f.name]:
+                continue
+            if f.name == "groups" and isinstance(value, tuple):
+                value = [group_to_json(g) if isinstance(g, KVCacheGroup) else g for g in value]
+        out[f.name] = value
+    return out
 
 
 def config_from_json(obj: Mapping[str, Json]) -> CacheConfig:
@@ -86,7 +121,11 @@ def config_from_json(obj: Mapping[str, Json]) -> CacheConfig:
     unknown = set(obj) - names
     if unknown:
         raise ValueError(f"unknown config fields: {sorted(unknown)}")
-    return CacheConfig(**dict(obj))
+    fields = dict(obj)
+    groups = fields.get("groups")
+    if isinstance(groups, list):
+        fields["groups"] = tuple(group_from_json(g) for g in groups)
+    return CacheConfig(**fields)
 
 
 def extras_to_json(extras: Extras) -> dict[str, Json]:

@@ -11,6 +11,7 @@ fork       ``parent_id``, ``child_id``
 free       ``request_id``
 lookup     ``tokens``, optional ``extras``
 reset      (none) — ``reset_prefix_cache``
+new_step   (none) — a scheduler step boundary (hybrid engines: recurrent states are published)
 =========  ====================================================
 
 An *observation* is a JSON object: ``num_free_blocks``; ``tables`` (``[request_id, block_table]``
@@ -19,6 +20,12 @@ for every live request, ints first then strs, each sorted); and, when the adapte
 ``keys`` (``[request_id, [hex key or null per table entry]]``) and, for ``events``, ``cached_keys``
 (``[group, hex key, count]``, sorted) and ``events`` (the batches published since the last
 observation: observing an events engine *takes* its events; :mod:`.event_check`).
+
+For a config with hybrid KV-cache groups (SEMANTICS.md section 8) the tables are
+``group_tables`` instead (``[request_id, [[block or null, ...] per group]]``, from the adapter's
+``block_tables``) and ``keys`` holds one list per group. Hybrid results: allocate
+``{"num_computed_tokens", "block_tables", "checkpoints": [[group, num_tokens, block], ...]}``,
+append ``{"copies", "block_tables", "checkpoints"}``, fork ``{"copies"}``.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from .properties import Violation
 from .protocol import Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
 from .watchdog import EngineHung, describe_exception, exception_summary, guarded
 
-OPS: tuple[str, ...] = ("allocate", "append", "fork", "free", "lookup", "reset")
+OPS: tuple[str, ...] = ("allocate", "append", "fork", "free", "lookup", "reset", "new_step")
 Step = dict[str, Json]
 Observation = dict[str, Json]
 
@@ -87,25 +94,58 @@ def _ints(value: Any, what: str) -> list[int]:
     return [_int(x, what) for x in value]
 
 
+def group_tables_json(value: Any, what: str = "block_tables") -> list[list[int | None]]:
+    """Per-group tables as JSON: a sequence (one per group) of sequences of ints or ``None``."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{what} is {value!r:.80}, not one table per group")
+    out: list[list[int | None]] = []
+    for table in value:
+        if not isinstance(table, (list, tuple)):
+            raise TypeError(f"{what} holds {table!r:.80}, not a table")
+        out.append([None if b is None else _int(b, what) for b in table])
+    return out
+
+
+def _copies(value: Any) -> list[list[int]]:
+    if not isinstance(value, (list, tuple)) or any(len(_ints(c, "copy")) != 2 for c in value):
+        raise TypeError(f"copies is {value!r:.80}, not a sequence of (src, dst) pairs")
+    return [_ints(pair, "copy") for pair in value]
+
+
+def _checkpoints(value: Any) -> list[list[int]]:
+    if not isinstance(value, (list, tuple)) or any(len(_ints(c, "checkpoint")) != 3 for c in value):
+        raise TypeError(f"checkpoints is {value!r:.80}, not a sequence of (group, num_tokens, block)")
+    return [_ints(c, "checkpoint") for c in value]
+
+
 def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
     op = step["op"]
     if op == "allocate":
         extras = extras_from_json(step.get("extras"))
         alloc = adapter.allocate(step["request_id"], step["tokens"], extras)
-        return {
-            "num_computed_tokens": _int(alloc.num_computed_tokens, "num_computed_tokens"),
-            "block_table": _ints(alloc.block_table, "block_table"),
-        }
+        computed = _int(alloc.num_computed_tokens, "num_computed_tokens")
+        if hasattr(alloc, "block_tables"):
+            return {
+                "num_computed_tokens": computed,
+                "block_tables": group_tables_json(alloc.block_tables),
+                "checkpoints": _checkpoints(getattr(alloc, "checkpoints", ())),
+            }
+        return {"num_computed_tokens": computed, "block_table": _ints(alloc.block_table, "block_table")}
     if op == "append":
         res = adapter.append(step["request_id"], step["tokens"])
-        if not isinstance(res.copies, (list, tuple)) or any(len(_ints(c, "copy")) != 2 for c in res.copies):
-            raise TypeError(f"copies is {res.copies!r:.80}, not a sequence of (src, dst) pairs")
-        return {
-            "copies": [_ints(pair, "copy") for pair in res.copies],
-            "block_table": _ints(res.block_table, "block_table"),
-        }
+        if hasattr(res, "block_tables"):
+            return {
+                "copies": _copies(res.copies),
+                "block_tables": group_tables_json(res.block_tables),
+                "checkpoints": _checkpoints(getattr(res, "checkpoints", ())),
+            }
+        return {"copies": _copies(res.copies), "block_table": _ints(res.block_table, "block_table")}
     if op == "fork":
-        adapter.fork(step["parent_id"], step["child_id"])
+        forked = adapter.fork(step["parent_id"], step["child_id"])
+        copies = getattr(forked, "copies", None)
+        return {} if copies is None else {"copies": _copies(copies)}
+    if op == "new_step":
+        adapter.new_step()  # type: ignore[attr-defined]
         return {}
     if op == "free":
         adapter.free(step["request_id"])
@@ -187,9 +227,11 @@ def observe(
     num_blocks: int,
     live_ids: Iterable[RequestId],
     want_keys: bool = False,
+    hybrid: bool = False,
 ) -> Observation:
     """The adapter's observable state (see the module docstring). ``live_ids`` are the requests the
-    caller believes live; an adapter that cannot report one of them violates ``accounting``."""
+    caller believes live; an adapter that cannot report one of them violates ``accounting``.
+    ``hybrid``: the config has hybrid groups (``group_tables`` instead of ``tables``)."""
     batch = getattr(adapter, "observe_batch", None)
     if callable(batch):
         ids, with_keys = sorted_ids(live_ids), want_keys and caps.keys
@@ -203,6 +245,8 @@ def observe(
                 got.setdefault("events", [])
             return _checked_observation(got, num_blocks)
     obs: Observation = {"num_free_blocks": call_engine("num_free_blocks()", adapter.num_free_blocks)}
+    if hybrid:
+        return _observe_groups(adapter, caps, num_blocks, live_ids, want_keys, obs)
     tables: list[Json] = []
     for rid in sorted_ids(live_ids):
         table = call_engine(f"block_table({rid!r}) of a live request", lambda r=rid: adapter.block_table(r))
@@ -226,6 +270,43 @@ def observe(
     return _checked_observation(obs, num_blocks)
 
 
+def _observe_groups(
+    adapter: PrefixCacheAdapter,
+    caps: Capabilities,
+    num_blocks: int,
+    live_ids: Iterable[RequestId],
+    want_keys: bool,
+    obs: Observation,
+) -> Observation:
+    """The hybrid observation: ``group_tables`` from ``block_tables``, keys per group."""
+    block_tables = getattr(adapter, "block_tables")  # noqa: B009 - declared by hybrid adapters
+    tables: list[Json] = []
+    for rid in sorted_ids(live_ids):
+        got = call_engine(f"block_tables({rid!r}) of a live request", lambda r=rid: block_tables(r))
+        try:
+            tables.append([rid, group_tables_json(got, f"block_tables({rid!r})")])
+        except TypeError as exc:
+            raise Violation("engine-errors", str(exc)) from None
+    obs["group_tables"] = tables
+    if caps.ref_cnt:
+        obs["ref_cnt"] = [
+            call_engine(f"ref_cnt({b})", lambda b=b: adapter.ref_cnt(b)) for b in range(num_blocks)
+        ]
+    if caps.free_queue:
+        obs["free_blocks"] = call_engine("free_blocks()", adapter.free_blocks)
+    if want_keys and caps.keys:
+        keys: list[Json] = []
+        for rid, per_group in tables:
+            hashes = [
+                [None if b is None else call_engine(f"block_hash({b})", lambda b=b: adapter.block_hash(b))
+                 for b in table]
+                for table in per_group
+            ]
+            keys.append([rid, [[None if h is None else bytes(h).hex() for h in t] for t in hashes]])
+        obs["keys"] = keys
+    return _checked_observation(obs, num_blocks)
+
+
 def _checked_observation(obs: Observation, num_blocks: int) -> Observation:
     """``obs`` with every value of the documented type (ints, lists of ints, hex or null keys);
     anything else is an ``engine-errors`` violation."""
@@ -239,6 +320,11 @@ def _checked_observation(obs: Observation, num_blocks: int) -> Observation:
     for rid, table in obs.get("tables", []):
         if not _int_seq(table):
             fail(f"block_table({rid!r})", table)
+    for rid, tables in obs.get("group_tables", []):
+        try:
+            group_tables_json(tables)
+        except TypeError:
+            fail(f"block_tables({rid!r})", tables)
     if "ref_cnt" in obs:
         refs = obs["ref_cnt"]
         if not _int_seq(refs) or len(refs) != num_blocks:
@@ -257,6 +343,7 @@ def _checked_observation(obs: Observation, num_blocks: int) -> Observation:
 _WANTS = {
     "num_free_blocks": "an int",
     "block_table": "a sequence of ints",
+    "block_tables": "one sequence of ints or null per group",
     "ref_cnt": "an int per block",
     "free_blocks": "a sequence of ints",
 }
@@ -289,6 +376,8 @@ def step_requirements(step: Step) -> set[str]:
         needs.add("fork")
     if step["op"] == "reset":
         needs.add("reset")
+    if step["op"] == "new_step":
+        needs.add("groups")
     for kind in extra_kinds_of(step.get("extras")):
         needs.add(f"extra:{kind}")
     return needs

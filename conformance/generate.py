@@ -463,6 +463,55 @@ def invalid(ctx: Context, draw: Draw) -> None:
         ctx.do(step)
 
 
+def boundary_sibling(ctx: Context, draw: Draw) -> None:
+    """Hybrid groups: an earlier prompt cut at a multiple of the hit alignment with a fresh tail,
+    or resent exactly: the replay boundary, a sibling below the only kept tail (vLLM #57610), the
+    junction a second sighting records and a third request hits (#45238)."""
+    A = ctx.block_size
+    base = ctx.earlier(draw)
+    if base is None or len(base.tokens) <= A:
+        return admit_fresh(ctx, draw)
+    if draw.chance(1, 3):
+        ctx.allocate(draw, base.tokens, base.extras)
+        return
+    k = draw.between(1, (len(base.tokens) - 1) // A)
+    tail = draw.tokens(1, A + 1, (FILLER + 1, FILLER + 2))
+    tokens = list(base.tokens[: k * A]) + tail
+    extras = base.extras
+    if extras is not None and not _valid(extras_from_json(extras), len(tokens)):
+        extras = None
+    if draw.chance(1, 3):
+        ctx.lookup(tokens, extras)
+    ctx.allocate(draw, tokens, extras)
+    if draw.chance(1, 2):  # the third sighting: shares what the sibling's junction kept
+        if draw.chance(1, 2):
+            ctx.do({"op": "new_step"})
+        third = list(base.tokens[: k * A]) + draw.tokens(1, A + 1, (FILLER + 3, FILLER + 4))
+        ctx.allocate(draw, third, extras)
+
+
+def long_decode(ctx: Context, draw: Draw) -> None:
+    """Hybrid groups: one to three decodes of up to ``2A + 1`` tokens each, so windows slide and
+    chunks roll past several blocks (entries released, the release standing on OutOfBlocks)."""
+    live = ctx.live()
+    if not live:
+        return admit_fresh(ctx, draw)
+    rid = draw.pick(live)
+    for _ in range(draw.between(1, 3)):
+        if rid not in ctx.live_requests():
+            return
+        ctx.append(rid, draw.tokens(1, 2 * ctx.block_size + 1))
+
+
+def step_boundary(ctx: Context, draw: Draw) -> None:
+    """Hybrid groups: a scheduler step boundary (``new_step``), which publishes recurrent states;
+    sometimes a resend of the last prompt first, which must defer (or miss) a same-step state."""
+    base = ctx.earlier(draw)
+    if base is not None and draw.chance(1, 2):
+        ctx.allocate(draw, base.tokens, base.extras)
+    ctx.do({"op": "new_step"})
+
+
 Family = Callable[[Context, Draw], None]
 
 
@@ -489,5 +538,8 @@ FAMILIES: tuple[FamilyInfo, ...] = (
     FamilyInfo("pressure", pressure, "eviction order, duplicate copy evicted, held blocks"),
     FamilyInfo("probe", probe, "lookup purity, reset while in use"),
     FamilyInfo("invalid", invalid, "typed errors, atomic failure", "input_errors"),
+    FamilyInfo("boundary_sibling", boundary_sibling, "replay boundary, junction, #57610/#45238", "groups"),
+    FamilyInfo("long_decode", long_decode, "window release, chunk roll, released entries read", "groups"),
+    FamilyInfo("step_boundary", step_boundary, "same-step recurrent states, aborted writers", "groups"),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(f.name for f in FAMILIES)

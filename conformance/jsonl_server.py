@@ -78,7 +78,7 @@ class Server:
                 cache.allocate(params["request_id"], params["tokens"], extras_from_json(params.get("extras")))
             ),
             "append": lambda: self._append(cache.append(params["request_id"], params["tokens"])),
-            "fork": lambda: cache.fork(params["parent_id"], params["child_id"]),
+            "fork": lambda: self._fork(cache.fork(params["parent_id"], params["child_id"])),
             "free": lambda: cache.free(params["request_id"]),
             "lookup": lambda: {
                 "num_computed_tokens": cache.lookup(params["tokens"], extras_from_json(params.get("extras")))
@@ -90,6 +90,10 @@ class Server:
             "free_blocks": lambda: {"free_blocks": list(cache.free_blocks())},
             "block_hash": lambda: {"block_hash": self._hex(cache.block_hash(params["block_id"]))},
             "step": lambda: cache.step(),
+            "block_tables": lambda: {
+                "block_tables": self._tables(cache.block_tables(params["request_id"]))  # type: ignore[attr-defined]
+            },
+            "new_step": lambda: cache.new_step(),  # type: ignore[attr-defined]
             "observe": lambda: self._observe(cache, self.num_blocks[params["handle"]], params),
             "spell_extras": lambda: dict(
                 cache.spell_extras(extras_from_json(params.get("extras")))  # type: ignore[attr-defined]
@@ -105,6 +109,19 @@ class Server:
     def _observe(cache: PrefixCacheAdapter, num_blocks: int, params: dict[str, Json]) -> Json:
         out: dict[str, Json] = {"num_free_blocks": cache.num_free_blocks()}
         ids = params.get("request_ids") or []
+        if params.get("groups"):
+            group_tables = [[rid, Server._tables(cache.block_tables(rid))] for rid in ids]  # type: ignore[attr-defined]
+            out["group_tables"] = group_tables
+            if params.get("ref_cnt"):
+                out["ref_cnt"] = [cache.ref_cnt(b) for b in range(num_blocks)]
+            if params.get("free_blocks"):
+                out["free_blocks"] = list(cache.free_blocks())
+            if params.get("keys"):
+                out["keys"] = [
+                    [rid, [[None if b is None else Server._hex(cache.block_hash(b)) for b in t] for t in per]]
+                    for rid, per in group_tables
+                ]
+            return out
         tables = [[rid, list(cache.block_table(rid))] for rid in ids]
         out["tables"] = tables
         if params.get("ref_cnt"):
@@ -119,16 +136,37 @@ class Server:
         return out
 
     @staticmethod
+    def _tables(tables: Any) -> Json:
+        return [list(t) for t in tables]
+
+    @staticmethod
     def _events(cache: PrefixCacheAdapter) -> list[Json]:
         return [batch_to_json(b) for b in cache.take_events()]  # type: ignore[attr-defined]
 
     @staticmethod
     def _allocation(alloc: Any) -> Json:
+        if hasattr(alloc, "block_tables"):  # hybrid groups (protocol 3)
+            return {
+                "num_computed_tokens": alloc.num_computed_tokens,
+                "block_tables": Server._tables(alloc.block_tables),
+                "checkpoints": [list(c) for c in getattr(alloc, "checkpoints", ())],
+            }
         return {"num_computed_tokens": alloc.num_computed_tokens, "block_table": list(alloc.block_table)}
 
     @staticmethod
     def _append(res: Any) -> Json:
+        if hasattr(res, "block_tables"):
+            return {
+                "copies": [list(c) for c in res.copies],
+                "block_tables": Server._tables(res.block_tables),
+                "checkpoints": [list(c) for c in getattr(res, "checkpoints", ())],
+            }
         return {"copies": [list(c) for c in res.copies], "block_table": list(res.block_table)}
+
+    @staticmethod
+    def _fork(res: Any) -> Json:
+        copies = getattr(res, "copies", None)
+        return None if copies is None else {"copies": [list(c) for c in copies]}
 
     @staticmethod
     def _hex(value: bytes | None) -> str | None:

@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from pagedprefix.spec import CacheConfig
+from pagedprefix.spec import CacheConfig, PrefixCacheError, describe_groups, hash_granularity, is_hybrid
 
 from .codec import Json
 from .driver import Outcome, Step, describe_step
@@ -30,7 +30,7 @@ from .judge import Lost
 from .model import EngineRun, SpecModel, adapter_capabilities, build_adapter
 from .properties import Violation
 from .protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
-from .vector_format import SCHEMA_VERSION, dumps, make_case, spec_version
+from .vector_format import dumps, make_case, schema_version_of, spec_version
 
 DEFAULT_POLICY = ("unhashed_to_head", False)
 
@@ -82,7 +82,14 @@ def model_config_for(config: CacheConfig, caps: Capabilities) -> CacheConfig:
     policy when it claims one that differs from the config's (it is judged by what it claims)."""
     if not caps.claims_policy_of(config) and caps.claims_a_spec_policy():
         assert caps.dedup_on_full is not None
-        return replace(config, free_order=caps.free_order, dedup_on_full=caps.dedup_on_full)
+        hybrid = is_hybrid(config.groups, config.block_size)
+        dedup = False if hybrid else caps.dedup_on_full  # no dedup_on_full with hybrid groups
+        config = replace(config, free_order=caps.free_order, dedup_on_full=dedup)
+        if hybrid:
+            if caps.retention in ("replay", "dense"):
+                config = replace(config, retention=caps.retention)
+            if caps.group_free_order in ("group_major", "reversed_concat"):
+                config = replace(config, group_free_order=caps.group_free_order)
     return config
 
 
@@ -93,7 +100,7 @@ def replay(
     violation. A config the engine does not support replays as "no violation"."""
     try:
         adapter = build_adapter(factory, config)
-    except UnsupportedConfig:
+    except (UnsupportedConfig, PrefixCacheError):  # a candidate config the engine rejects
         return Replay(None, [], [], None)
     try:
         model = SpecModel(model_config_for(config, adapter_capabilities(adapter)))
@@ -208,6 +215,9 @@ class Shrinker:
         c = self.config
         for n in range(self.caps.min_blocks, c.num_blocks):
             yield replace(c, num_blocks=n)
+        if c.groups is not None and is_hybrid(c.groups, c.block_size):
+            yield from self._simpler_groups()
+            return
         sizes = self.caps.block_sizes or tuple(range(1, c.block_size))
         for b in sizes:
             if b < self.config.block_size:
@@ -216,6 +226,19 @@ class Shrinker:
             yield replace(self.config, free_order=DEFAULT_POLICY[0], dedup_on_full=DEFAULT_POLICY[1])
         if self.config.hash_algo != "sha256" or self.config.verify_tokens:
             yield replace(self.config, hash_algo="sha256", verify_tokens=False)
+
+    def _simpler_groups(self) -> Iterator[CacheConfig]:
+        """A hybrid config with one group fewer (its block size the new gcd), then the default
+        retention and group free order."""
+        groups = self.config.groups or ()
+        for i in range(len(groups)):
+            fewer = groups[:i] + groups[i + 1 :]
+            if fewer:
+                cand = replace(self.config, groups=fewer, block_size=hash_granularity(fewer))
+                if self.caps.supports_groups(cand) and is_hybrid(cand.groups, cand.block_size):
+                    yield cand
+        if self.config.retention != "replay" or self.config.group_free_order != "group_major":
+            yield replace(self.config, retention="replay", group_free_order="group_major")
 
     def merge_appends(self) -> bool:
         """An append merged into the allocate or append just before it on the same request."""
@@ -334,6 +357,12 @@ def render_failure(result: Replay, profile: str) -> Failure:
         f"free_order={config.free_order} dedup_on_full={config.dedup_on_full}"
         + (f" hash_algo={config.hash_algo}" if config.hash_algo != "sha256" else "")
         + (" verify_tokens=True" if config.verify_tokens else "")
+        + (
+            f" groups={describe_groups(config.groups)} retention={config.retention}"
+            f" group_free_order={config.group_free_order}"
+            if config.groups is not None and is_hybrid(config.groups, config.block_size)
+            else ""
+        )
     ]
     last = len(result.steps) - 1
     for i, entry in enumerate(result.steps):
@@ -359,7 +388,7 @@ def render_failure(result: Replay, profile: str) -> Failure:
         steps=result.steps,
     )
     vector: dict[str, Json] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version_of([case]),
         "spec_version": spec_version(),
         "group": "counterexamples",
         "description": "Saved counterexample of the stateful conformance runner.",

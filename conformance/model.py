@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pagedprefix.spec import CacheConfig, RequestId
+from pagedprefix.spec import CacheConfig, HybridSpecCache, RequestId, is_hybrid
 
 from .adapters import SpecAdapter
 from .codec import Json, config_to_json
@@ -22,6 +22,7 @@ from .driver import (
     is_live,
     observe,
 )
+from .hybrid_judge import judge_for
 from .judge import Judge, first_error
 from .properties import Violation, at_least
 from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, close_adapter
@@ -35,11 +36,13 @@ class SpecModel:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
         self.adapter = SpecAdapter(config)
+        self.hybrid = is_hybrid(config.groups, config.block_size)
         self.pops = 0
 
     def observe(self, want_keys: bool = False) -> Observation:
         cache = self.adapter.cache
-        return observe(self.adapter, FULL_CAPS, self.config.num_blocks, cache.request_ids(), want_keys)
+        ids = cache.request_ids()
+        return observe(self.adapter, FULL_CAPS, self.config.num_blocks, ids, want_keys, self.hybrid)
 
     def do(self, step: Step, want_keys: bool = False) -> tuple[Outcome, dict[str, Json]]:
         """Run ``step``; returns the outcome and the expectation
@@ -56,9 +59,15 @@ class SpecModel:
                 old_blocks = len(self.adapter.block_table(step["request_id"]))
             except Exception:
                 old_blocks = 0
+        popped = getattr(self.adapter.cache, "num_pops", 0)
         outcome = execute(self.adapter, step)
         assert outcome.crash is None, f"the spec crashed on {step}: {outcome.crash}"
-        if outcome.ok:
+        cache = self.adapter.cache
+        if isinstance(cache, HybridSpecCache):
+            if step["op"] == "reset" and (outcome.result or {}).get("reset"):
+                self.pops = 0
+            self.pops += cache.num_pops - popped
+        elif outcome.ok:
             res = outcome.result or {}
             if step["op"] == "allocate":
                 self.pops += len(res["block_table"]) - res["num_computed_tokens"] // self.config.block_size
@@ -70,6 +79,8 @@ class SpecModel:
         expect.update(self.observe(want_keys))
         expect["evictions"] = self.adapter.num_evictions
         expect["pops"] = self.pops
+        if isinstance(cache, HybridSpecCache):
+            expect["orphans"] = cache.orphans()
         return outcome, expect
 
 
@@ -133,14 +144,7 @@ class EngineRun:
         if adapter is None:
             adapter = build_adapter(factory, config)
         caps = adapter_capabilities(adapter)
-        judge = Judge(
-            config,
-            effective_level(profile, caps, config),
-            disabled,
-            caps.publish_decode,
-            events=caps.events,
-            publishes_at_operation=caps.publish == "allocation" and caps.publish_decode == "append",
-        )
+        judge = judge_for(config, effective_level(profile, caps, config), disabled, caps)
         run = cls(adapter, config, judge)
         with run.routed():
             obs = run.observe([], False)
@@ -159,7 +163,8 @@ class EngineRun:
         return caps.lookup and (caps.lookup_is_pure or not at_least(self.judge.level, "lru"))
 
     def observe(self, live: list[RequestId], want_keys: bool) -> Observation:
-        return observe(self.adapter, self.caps, self.config.num_blocks, live, want_keys)
+        hybrid = is_hybrid(self.config.groups, self.config.block_size)
+        return observe(self.adapter, self.caps, self.config.num_blocks, live, want_keys, hybrid)
 
     @contextlib.contextmanager
     def routed(self) -> Iterator[None]:
@@ -205,6 +210,7 @@ def build_adapter(factory: AdapterFactory, config: CacheConfig) -> PrefixCacheAd
 
 
 ADAPTER_METHODS = ("allocate", "append", "free", "block_table", "num_free_blocks", "step")
+HYBRID_METHODS = ("block_tables", "new_step")
 DECLARED_METHODS: dict[str, tuple[str, ...]] = {
     "lookup": ("lookup",),
     "fork": ("fork",),
@@ -237,6 +243,8 @@ def adapter_capabilities(adapter: object) -> Capabilities:
         for m in methods
         if getattr(caps, cap) and not callable(getattr(adapter, m, None))
     ]
+    if caps.groups:
+        undone += [m for m in HYBRID_METHODS if not callable(getattr(adapter, m, None))]
     if undone:
         raise Violation("engine-errors", f"the adapter declares capabilities but lacks {', '.join(undone)}")
     return caps

@@ -84,6 +84,56 @@ PROPERTIES: tuple[Property, ...] = (
     ),
     Property("exact-ids", "exact", "physical block ids equal the spec's", "exact_ids"),
     Property("block-keys", "core", "block keys are byte-exact (spec/keys.py)", "keys"),
+    # Hybrid KV-cache groups (SEMANTICS.md section 8, HYBRID.md section 4.1): judged on configs
+    # with hybrid groups, for engines that declare them.
+    Property(
+        "group-soundness",
+        "core",
+        "H1 every held entry of a hit's need set holds KV/state of exactly this prefix, group and extras",
+        "groups",
+    ),
+    Property(
+        "one-boundary",
+        "core",
+        "H2 all groups resume at one L, a multiple of the hit alignment, at most num_tokens - 1",
+        "groups",
+    ),
+    Property(
+        "window-liveness",
+        "core",
+        "H3 no entry inside a live request's need set is released, evicted, reused or overwritten",
+        "groups",
+    ),
+    Property(
+        "state-publication",
+        "core",
+        "H4 no hit on a recurrent state before it is written; a running state is never shared",
+        "groups",
+    ),
+    Property(
+        "group-atomicity",
+        "core",
+        "H5 an admission takes effect in every group or none; it never evicts its own hit",
+        "groups",
+    ),
+    Property(
+        "group-accounting",
+        "core",
+        "H6 free + in-use = N, a block in at most one group, ref counts match every group's tables",
+        "groups",
+    ),
+    Property(
+        "group-failure",
+        "core",
+        "H7 a failed operation changes nothing (a refused append may only release out-of-window entries)",
+        "groups",
+    ),
+    Property(
+        "retention-adequacy",
+        "maximal",
+        "without eviction pressure, hits the declared retention policy promises (resend, sibling, junction)",
+        "groups",
+    ),
     Property(
         "event-index",
         "core",
@@ -112,6 +162,7 @@ PROPERTIES: tuple[Property, ...] = (
         "events",
     ),
 )
+HYBRID_PROPERTIES: frozenset[str] = frozenset(p.name for p in PROPERTIES if p.needs == "groups")
 PROPERTY_NAMES: tuple[str, ...] = tuple(p.name for p in PROPERTIES)
 PROPERTY_BY_NAME: dict[str, Property] = {p.name: p for p in PROPERTIES}
 

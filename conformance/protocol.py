@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, RequestId
+from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, ForkResult, RequestId
 from pagedprefix.spec.events import EventBatch, GroupKey
+from pagedprefix.spec.groups import GROUP_FREE_ORDERS, GROUP_KINDS, RETENTIONS, is_hybrid
 
 ExtraKind = Literal["lora", "cache_salt", "mm", "prompt_embeds"]
 ALL_EXTRA_KINDS: frozenset[ExtraKind] = frozenset({"lora", "cache_salt", "mm", "prompt_embeds"})
@@ -71,6 +72,9 @@ def import_factory(name: str, short_names: dict[str, str]) -> Callable[..., Any]
 
 PUBLISH_CLAIMS: tuple[str, ...] = ("allocation", "step")
 PUBLISH_DECODE_CLAIMS: tuple[str, ...] = ("append", "free")
+RETENTION_CLAIMS: tuple[str, ...] = (*RETENTIONS, "other")
+GROUP_FREE_ORDER_CLAIMS: tuple[str, ...] = (*GROUP_FREE_ORDERS, "other")
+SAME_STEP_STATE_CLAIMS: tuple[str, ...] = ("defer", "miss")
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,19 @@ class Capabilities:
         spells_extras: the adapter has ``spell_extras(extras) -> {kind: str}``, the strings its
             engine keys extra keys by (e.g. a LoRA's id string); the suite builds salts equal to
             them and to their concatenations, to find untyped aliasing.
+        groups: the KV-cache group kinds (``full``, ``sliding``, ``chunked``, ``mamba``) it runs in
+            hybrid configs (SEMANTICS.md section 8; empty, the default: only the one full group).
+            A hybrid engine has ``block_tables(request_id)`` (one position-indexed table per
+            group, ``None`` for an entry not held) and ``new_step()``, and returns the hybrid
+            results (``HybridAllocation``, ``HybridAppendResult``, ``ForkResult``).
+        retention: the retention policy it follows in hybrid configs (``"replay"``, ``"dense"``)
+            or ``"other"``; profile ``maximal`` checks lookup maximality only for the config's own
+            policy, and the retention-adequacy rules of the policy it claims.
+        group_free_order: the order ``free`` releases a hybrid request's tables
+            (``"group_major"``, ``"reversed_concat"``) or ``"other"``.
+        same_step_state: what an admission whose hit would use a recurrent state written in the
+            current step (before ``new_step()``) does: ``"defer"`` (raises ``Deferred``, vLLM) or
+            ``"miss"`` (the state does not count as cached).
         events: the engine publishes KV-cache events (SEMANTICS.md section 9): the adapter has
             ``take_events() -> Sequence[EventBatch]`` (the batches published since the last call,
             :mod:`pagedprefix.spec.events`, numbered from 0 for a new instance) and
@@ -142,15 +159,31 @@ class Capabilities:
     weak_hash: bool = False
     verify_tokens: bool = False
     spells_extras: bool = False
+    groups: frozenset[str] = field(default=frozenset())
+    retention: str = "replay"
+    group_free_order: str = "group_major"
+    same_step_state: Literal["defer", "miss"] = "defer"
     events: bool = False
 
     def claims_policy_of(self, config: CacheConfig) -> bool:
-        """Whether the engine follows exactly the spec policy ``config`` names."""
-        return bool(self.free_order == config.free_order and self.dedup_on_full == config.dedup_on_full)
+        """Whether the engine follows exactly the spec policy ``config`` names (for a hybrid
+        config its retention, group free order and deferral of same-step states too)."""
+        same = self.free_order == config.free_order and self.dedup_on_full == config.dedup_on_full
+        if is_hybrid(config.groups, config.block_size):
+            same = same and self.retention == config.retention
+            same = same and self.group_free_order == config.group_free_order
+            same = same and self.same_step_state == "defer"
+        return bool(same)
 
     def claims_a_spec_policy(self) -> bool:
         """Whether both policy claims name spec policies (not "other")."""
         return self.free_order in ("unhashed_to_head", "append_all") and self.dedup_on_full is not None
+
+    def supports_groups(self, config: CacheConfig) -> bool:
+        """Whether the engine runs ``config``'s groups (every config without hybrid groups)."""
+        if not is_hybrid(config.groups, config.block_size):
+            return True
+        return config.groups is not None and all(g.kind in self.groups for g in config.groups)
 
     def supports_geometry(self, block_size: int, num_blocks: int) -> bool:
         """Whether ``block_size`` and ``num_blocks`` are among the declared supported ones."""
@@ -181,6 +214,10 @@ class Capabilities:
             "weak_hash": self.weak_hash,
             "verify_tokens": self.verify_tokens,
             "spells_extras": self.spells_extras,
+            "groups": [k for k in GROUP_KINDS if k in self.groups],
+            "retention": self.retention,
+            "group_free_order": self.group_free_order,
+            "same_step_state": self.same_step_state,
             "events": self.events,
         }
 
@@ -221,10 +258,17 @@ def _capability_field(name: str, value: object) -> object:
         if not isinstance(value, list) or not all(v in ALL_EXTRA_KINDS for v in value):
             raise ValueError(f"extras must be a list of {sorted(ALL_EXTRA_KINDS)}")
         return frozenset(value)
+    if name == "groups":
+        if not isinstance(value, list) or not all(v in GROUP_KINDS for v in value):
+            raise ValueError(f"groups must be a list of {list(GROUP_KINDS)}")
+        return frozenset(value)
     choices = {
         "free_order": FREE_ORDER_CLAIMS,
         "publish": PUBLISH_CLAIMS,
         "publish_decode": PUBLISH_DECODE_CLAIMS,
+        "retention": RETENTION_CLAIMS,
+        "group_free_order": GROUP_FREE_ORDER_CLAIMS,
+        "same_step_state": SAME_STEP_STATE_CLAIMS,
     }
     if name in choices:
         if value not in choices[name]:
@@ -273,8 +317,9 @@ class PrefixCacheAdapter(Protocol):
         """Decode tokens; returns the copy-on-write copies and the new block_table."""
         ...
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        """Share every block of the parent with a new child request."""
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult | None:
+        """Share every block of the parent with a new child request (a hybrid engine returns the
+        :class:`~pagedprefix.spec.ForkResult` of its Mamba state copies; others ``None``)."""
         ...
 
     def free(self, request_id: RequestId) -> None:
@@ -313,6 +358,21 @@ class PrefixCacheAdapter(Protocol):
         """Boundary after each operation: an engine that publishes keys after compute does so now
         (and may then rewrite a live request's table, swapping its own duplicate block for the
         cached block with the same content, SEMANTICS.md section 6)."""
+        ...
+
+
+class HybridAdapter(PrefixCacheAdapter, Protocol):
+    """An engine that declares ``capabilities.groups`` (SEMANTICS.md section 8): the operations
+    return the hybrid results (``HybridAllocation``, ``HybridAppendResult``, ``ForkResult``:
+    ``block_tables`` per group, ``checkpoints`` ``(group, num_tokens, block)`` of recurrent states
+    written into blocks that are not in the tables, ``copies``), and it has two more methods."""
+
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        """A live request's table per group (``None``: an entry not held)."""
+        ...
+
+    def new_step(self) -> None:
+        """A scheduler step boundary: recurrent states written so far are published."""
         ...
 
 

@@ -21,6 +21,7 @@ and the report is marked *incomplete*. An engine call that does not return
 from __future__ import annotations
 
 import contextlib
+import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,18 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
-from pagedprefix.spec import CacheConfig, PrefixCacheError
+from pagedprefix.spec import (
+    GROUP_FREE_ORDERS,
+    RETENTIONS,
+    CacheConfig,
+    KVCacheGroup,
+    PrefixCacheError,
+    chunked,
+    hash_granularity,
+    hit_alignment,
+    is_hybrid,
+    sliding,
+)
 
 from .codec import config_to_json
 from .driver import Outcome, Step
@@ -86,6 +98,11 @@ class StatefulReport:
     errors: list[str] = field(default_factory=list)
     incomplete: bool = False
     hung: EngineHung | None = None
+    hybrid_examples: int = 0
+    """Examples whose config had hybrid groups (engines declaring ``groups``)."""
+    orphans_max: int = 0
+    """The most keyed blocks the spec model held stranded at once in those examples (the orphans
+    diagnostic of HYBRID.md section 4.3; not a verdict)."""
     found_order: list[str] = field(default_factory=list)
     """Failing properties in the order the run found them (the first is the bug's first symptom)."""
 
@@ -122,10 +139,54 @@ def probe(factory: AdapterFactory) -> tuple[Capabilities, CacheConfig]:
     raise last or UnsupportedConfig("no probe config")
 
 
+HYBRID_SIZE_FAMILIES: tuple[tuple[int, ...], ...] = ((2, 4), (4,), (2, 3, 6), (4, 6), (1, 2, 4), (2,))
+"""Block sizes a hybrid example's groups take: families whose gcd and lcm differ from the sizes
+themselves, so the fine chain, the hit alignment and the key selection are exercised."""
+HYBRID_POOL_SIZES = (12, 24, 8, 40, 16, 6, 64, 4)
+
+
+def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
+    """One to three groups of the kinds the engine declares (block sizes from one family it
+    supports; chunked groups take ``B = A``, windows of a few blocks, chunks of one to three
+    ``A``), a pool, a free order, a retention and a group free order. ``None`` when no family of
+    block sizes is supported."""
+    kinds = [k for k in ("full", "sliding", "chunked", "mamba") if k in caps.groups]
+    families = [f for f in HYBRID_SIZE_FAMILIES if all(caps.supports_geometry(b, caps.min_blocks) for b in f)]
+    if not kinds or not families:
+        return None
+    family = draw.pick(families)
+    specs = [(draw.pick(kinds), draw.pick(family)) for _ in range(draw.between(1, 3))]
+    align = math.lcm(*(b for _, b in specs))
+    groups: list[KVCacheGroup] = []
+    for kind, b in specs:
+        if kind == "sliding":
+            groups.append(sliding(draw.between(1, 3 * b + 2), b))
+        elif kind == "chunked":
+            groups.append(chunked(align * draw.between(1, 3), align))
+        else:
+            groups.append(KVCacheGroup(kind, b))
+    pools = [n for n in HYBRID_POOL_SIZES if all(caps.supports_geometry(g.block_size, n) for g in groups)]
+    free_order, _ = draw.pick(POLICIES[:2])
+    return CacheConfig(
+        block_size=hash_granularity(groups),
+        num_blocks=draw.pick(pools or [caps.min_blocks + 7]),
+        free_order=free_order,
+        groups=tuple(groups),
+        retention=draw.pick(RETENTIONS),
+        group_free_order=draw.pick(GROUP_FREE_ORDERS),
+    )
+
+
 def draw_config(draw: Draw, caps: Capabilities) -> CacheConfig:
     """A small config the engine declares it supports: a block size (the smallest four it
     supports), a pool size, a spec policy, and one time in four (for an engine honouring both) a
-    weak hash with ``verify_tokens``, so that colliding keys happen and must be checked."""
+    weak hash with ``verify_tokens``, so that colliding keys happen and must be checked. For an
+    engine that declares hybrid groups, one example in two is hybrid (:func:`draw_hybrid_config`;
+    an engine without groups draws exactly what it drew before groups existed)."""
+    if caps.groups and draw.chance(1, 2):
+        hybrid = draw_hybrid_config(draw, caps)
+        if hybrid is not None:
+            return hybrid
     sizes = caps.block_sizes[:4] if caps.block_sizes else BLOCK_SIZES
     pools = [n for n in POOL_SIZES if caps.supports_geometry(sizes[0], n)]
     if not pools:
@@ -143,9 +204,17 @@ def draw_config(draw: Draw, caps: Capabilities) -> CacheConfig:
     )
 
 
-def available_families(caps: Capabilities, extra_kinds: frozenset[str]) -> list[FamilyInfo]:
-    """The families an engine with ``caps`` can be sent."""
-    have = {"extras": bool(extra_kinds), "fork": caps.fork, "input_errors": caps.input_errors}
+def available_families(
+    caps: Capabilities, extra_kinds: frozenset[str], hybrid: bool = False
+) -> list[FamilyInfo]:
+    """The families an engine with ``caps`` can be sent (``hybrid``: the example's config has
+    hybrid groups, which adds the families that aim at them)."""
+    have = {
+        "extras": bool(extra_kinds),
+        "fork": caps.fork,
+        "input_errors": caps.input_errors,
+        "groups": hybrid,
+    }
     return [f for f in FAMILIES if f.needs is None or have[f.needs]]
 
 
@@ -181,6 +250,8 @@ class _Recorder:
     hung: EngineHung | None = None
     examples: int = 0
     rejected: int = 0
+    hybrid_examples: int = 0
+    orphans_max: int = 0
 
 
 def run_example(data: st.DataObject, setup: RunSetup, disabled: frozenset[str], rec: _Recorder) -> None:
@@ -199,8 +270,9 @@ def run_example(data: st.DataObject, setup: RunSetup, disabled: frozenset[str], 
             run = EngineRun.start(
                 setup.factory, model.config, setup.profile, model.observe(), disabled, adapter
             )
-            _send(setup, run, model, draw, steps)
+            _send(setup, run, model, draw, steps, rec)
             rec.examples += 1
+            rec.hybrid_examples += int(model.hybrid)
         except Violation as v:
             rec.found = Found(v.prop, config, model_config_for(config, setup.caps), steps)
         finally:
@@ -230,16 +302,22 @@ def _build(setup: RunSetup, config: CacheConfig, disabled: frozenset[str]) -> An
         raise
 
 
-def _send(setup: RunSetup, run: EngineRun, model: SpecModel, draw: Draw, steps: list[Step]) -> None:
+def _send(
+    setup: RunSetup, run: EngineRun, model: SpecModel, draw: Draw, steps: list[Step], rec: _Recorder
+) -> None:
     def do(step: Step) -> Outcome | None:
         _, expect = model.do(step)
+        rec.orphans_max = max(rec.orphans_max, int(expect.get("orphans", 0)))
         steps.append(step)
         return run.do(step, expect)
 
     caps = run.caps
     spell = run.adapter.spell_extras if caps.spells_extras else None  # type: ignore[attr-defined]
+    config = run.config
+    hybrid = is_hybrid(config.groups, config.block_size)
     ctx = Context(
-        block_size=run.config.block_size,
+        # hybrid prompts are measured in the hit alignment A (hits land on its multiples)
+        block_size=hit_alignment(config.groups) if hybrid and config.groups else config.block_size,
         num_blocks=run.config.num_blocks,
         caps=caps,
         extra_kinds=setup.extra_kinds & caps.extras,
@@ -248,7 +326,7 @@ def _send(setup: RunSetup, run: EngineRun, model: SpecModel, draw: Draw, steps: 
         live_requests=lambda: run.judge.live,  # type: ignore[arg-type, return-value]
         spell=spell,
     )
-    families = swarm(draw, available_families(caps, ctx.extra_kinds))
+    families = swarm(draw, available_families(caps, ctx.extra_kinds, hybrid))
     idle = 0
     while len(steps) < setup.steps and idle < 8:
         before = len(steps)
@@ -329,6 +407,8 @@ def property_skip_reason(name: str, profile: str, caps: Capabilities) -> str | N
         return "capability free_queue not declared"
     if name == "exact-ids" and not caps.exact_ids:
         return "capability exact_ids not declared"
+    if prop.needs == "groups" and not caps.groups:
+        return "capability groups not declared (no hybrid configs)"
     if prop.needs == "events" and not caps.events:
         return "capability events not declared"
     return None
@@ -434,6 +514,8 @@ def _run_chunks(
             report.found_order.append("engine-errors")
             report.examples += rec.examples
             break
+        report.hybrid_examples += rec.hybrid_examples
+        report.orphans_max = max(report.orphans_max, rec.orphans_max)
         if rec.found is None:
             report.examples += rec.examples
             done += n

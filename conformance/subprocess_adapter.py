@@ -6,7 +6,7 @@ is the reference server (it serves any Python adapter), and ``--engine jsonl:COM
 server on the command line.
 
 Protocol (version 3; servers speaking versions 1 and 2 are still driven)
-------------------------------------------------------------------------
+-------------------------------------------------------------------------
 Request: ``{"id": N, "method": M, "params": {...}}``. Response: ``{"id": N, "result": R}`` or
 ``{"id": N, "error": {"kind": K, "message": "...", "traceback": "..."}}`` where ``K`` is a spec
 error class name (``InvalidConfig``, ``InvalidRequestId``, ``DuplicateRequest``,
@@ -42,6 +42,9 @@ observe (v2)        {"handle", "request_ids",             {"num_free_blocks", "t
                     "events" (v3)}                        "keys"?: [[id, [hex|null]]],
                                                           "cached_keys"?, "events"? (v3)}
 spell_extras (v2)   {"handle", "extras"}                  {kind: str} (``spells_extras`` engines)
+block_tables (v3)   {"handle", "request_id"}              {"block_tables": [[block|null, ...] per
+                                                          group]}
+new_step (v3)       {"handle"}                            null
 take_events (v3)    {"handle"}                            {"batches": [{"seq", "events": [...]}]}
 cached_keys (v3)    {"handle"}                            {"cached_keys": [[group, hex, count]]}
 shutdown            {}                                    null, then the server exits
@@ -50,13 +53,25 @@ shutdown            {}                                    null, then the server 
 ``observe`` answers every observation of one step in one round trip (an error in any of them is
 the reply's error). A version-1 server gets the single observations instead.
 
-Version 3 adds KV-cache events (capability ``events``, SEMANTICS.md section 9): ``take_events``
-returns the batches published since the last call (and ``observe`` with ``"events": true`` takes
-them too, with ``cached_keys``). Events are the JSON forms of :mod:`pagedprefix.spec.events`
-(``{"type": "BlockStored", "block_hashes": [hex], "parent_block_hash": hex | null, "token_ids",
-"block_size", "extras": [[[tag, hex payload], ...] per block], "group"}``, ``{"type":
-"BlockRemoved", "block_hashes", "group"}``, ``{"type": "AllBlocksCleared"}``). A server older
-than version 3 that declares ``events`` is refused at ``create``.
+Version 3 adds two features, each used only with a server whose capabilities declare it (so a
+version-3 server that declares neither speaks version 2 with a new number):
+
+- hybrid KV-cache groups (capability ``groups``, SEMANTICS.md section 8): the config carries
+  ``groups`` (``[{"kind", "block_size", "window"?, "chunk"?}]``), ``retention`` and
+  ``group_free_order``; on such a config ``allocate`` returns ``{"num_computed_tokens",
+  "block_tables", "checkpoints": [[group, num_tokens, block]]}``, ``append`` ``{"copies",
+  "block_tables", "checkpoints"}``, ``fork`` ``{"copies"}``; ``observe`` takes ``"groups": true``
+  and answers ``"group_tables": [[id, [[block|null] per group]]]`` (and ``"keys"`` per group)
+  instead of ``"tables"``; errors include ``Deferred``. A version-1 or 2 server that declares
+  ``groups`` is driven without them (its capabilities are read without groups).
+- KV-cache events (capability ``events``, SEMANTICS.md section 9; single-group configs only):
+  ``take_events`` returns the batches published since the last call (and ``observe`` with
+  ``"events": true`` takes them too, with ``cached_keys``). Events are the JSON forms of
+  :mod:`pagedprefix.spec.events` (``{"type": "BlockStored", "block_hashes": [hex],
+  "parent_block_hash": hex | null, "token_ids", "block_size", "extras": [[[tag, hex payload], ...]
+  per block], "group"}``, ``{"type": "BlockRemoved", "block_hashes", "group"}``, ``{"type":
+  "AllBlocksCleared"}``). A server older than version 3 that declares ``events`` is refused at
+  ``create``.
 
 Time limits. Every reply must arrive within the call limit (``call_timeout``, 10 s by default;
 ``hello`` and ``create`` get ``start_timeout``, 120 s, for imports). A server that is silent for
@@ -84,9 +99,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import IO, Any
 
-from pagedprefix.spec import NO_EXTRAS, Allocation, AppendResult, CacheConfig, Extras, RequestId
+from pagedprefix.spec import (
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    Extras,
+    ForkResult,
+    HybridAllocation,
+    HybridAppendResult,
+    RequestId,
+    is_hybrid,
+)
 from pagedprefix.spec.events import EventBatch, GroupKey, batch_from_json
 
 from .codec import Json, config_to_json, make_error
@@ -96,6 +123,8 @@ from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
 PROTOCOL = "pagedprefix-jsonl"
 PROTOCOL_VERSION = 3
 SUPPORTED_VERSIONS = (1, 2, 3)
+GROUPS_VERSION = 3
+"""The first protocol version with hybrid groups (``block_tables``, ``new_step``, hybrid results)."""
 EVENTS_VERSION = 3
 """The first protocol version with ``take_events``, ``cached_keys`` and events in ``observe``."""
 MAX_LINE = 64 * 1024 * 1024
@@ -334,7 +363,11 @@ class SubprocessAdapter:
         if not isinstance(created, dict) or "handle" not in created:
             raise EngineProcessError(f"create returned {created!r:.200}")
         self.handle = created["handle"]
-        self.capabilities = Capabilities.from_json(created.get("capabilities") or {})
+        caps = Capabilities.from_json(created.get("capabilities") or {})
+        if process.version < GROUPS_VERSION and caps.groups:
+            caps = replace(caps, groups=frozenset())  # hybrid groups need protocol 3
+        self.capabilities = caps
+        self.hybrid = is_hybrid(config.groups, config.block_size)
         self._closed = False
         if self.capabilities.events and process.version < EVENTS_VERSION:
             self.close()
@@ -352,14 +385,34 @@ class SubprocessAdapter:
         r = self._call(
             "allocate", request_id=_plain(request_id), tokens=_plain(tokens), extras=extras_json(extras)
         )
+        if "block_tables" in r:
+            return HybridAllocation(  # type: ignore[return-value]
+                r["num_computed_tokens"], _tables(r["block_tables"]), _triples(r.get("checkpoints", []))
+            )
         return Allocation(r["num_computed_tokens"], tuple(r["block_table"]))
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
         r = self._call("append", request_id=_plain(request_id), tokens=_plain(tokens))
-        return AppendResult(tuple((c[0], c[1]) for c in r["copies"]), tuple(r["block_table"]))
+        copies = tuple((c[0], c[1]) for c in r["copies"])
+        if "block_tables" in r:
+            return HybridAppendResult(  # type: ignore[return-value]
+                copies, _tables(r["block_tables"]), _triples(r.get("checkpoints", []))
+            )
+        return AppendResult(copies, tuple(r["block_table"]))
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        self._call("fork", parent_id=_plain(parent_id), child_id=_plain(child_id))
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult | None:
+        r = self._call("fork", parent_id=_plain(parent_id), child_id=_plain(child_id))
+        if isinstance(r, dict) and "copies" in r:
+            return ForkResult(tuple((c[0], c[1]) for c in r["copies"]))
+        return None
+
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        """A live request's table per group (protocol 3, hybrid configs)."""
+        return _tables(self._call("block_tables", request_id=_plain(request_id))["block_tables"])
+
+    def new_step(self) -> None:
+        """A scheduler step boundary (protocol 3)."""
+        self._call("new_step")
 
     def free(self, request_id: RequestId) -> None:
         self._call("free", request_id=_plain(request_id))
@@ -434,6 +487,8 @@ class SubprocessAdapter:
             "free_blocks": free_blocks,
             "keys": keys,
         }
+        if self.hybrid:
+            params["groups"] = True
         if events:
             params["events"] = True
         value = self._call("observe", **params)
@@ -446,6 +501,18 @@ class SubprocessAdapter:
             self._closed = True
             with contextlib.suppress(EngineProcessError, EngineHung, RemoteEngineError):
                 self._call("drop")
+
+
+def _tables(value: Any) -> tuple[tuple[int | None, ...], ...]:
+    if not isinstance(value, list) or not all(isinstance(t, list) for t in value):
+        raise EngineProcessError(f"block_tables is {value!r:.200}, not one list per group")
+    return tuple(tuple(t) for t in value)
+
+
+def _triples(value: Any) -> tuple[tuple[int, int, int], ...]:
+    if not isinstance(value, list) or not all(isinstance(c, list) and len(c) == 3 for c in value):
+        raise EngineProcessError(f"checkpoints is {value!r:.200}, not a list of [group, num_tokens, block]")
+    return tuple((c[0], c[1], c[2]) for c in value)
 
 
 def subprocess_factory(

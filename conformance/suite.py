@@ -171,12 +171,15 @@ class SuiteReport:
                 ],
                 "never_ran": [{"id": i, "reason": m} for i, m in self.never_ran()],
                 "notes": vec.notes,
+                "orphans": dict(sorted(vec.orphans.items())),
             },
             "stateful": None
             if self.stateful is None
             else {
                 "examples": self.stateful.examples,
                 "planned": self.stateful.planned,
+                "hybrid_examples": self.stateful.hybrid_examples,
+                "orphans_max": self.stateful.orphans_max,
                 "seconds": round(self.stateful.seconds, 3),
                 "counterexamples": [
                     {
@@ -516,8 +519,33 @@ def _notes(report: SuiteReport) -> list[tuple[str, str]]:
         out.append(("note", f"{len(never)} vector cases never ran (see --json for the list)"))
     if report.vectors is not None:
         out.extend(("note", note) for note in report.vectors.notes)
+    figure = orphans_figure(report)
+    if figure is not None:
+        out.append(("orphans", figure))
     out.extend(("error", err) for err in report.errors)
     return out
+
+
+def orphans_figure(report: SuiteReport) -> str | None:
+    """The orphans diagnostic (HYBRID.md section 4.3): keyed blocks no lookup can reach because a
+    sibling group's block for the same boundary is gone, as the spec model counts them under the
+    operations this run sent (``None`` when no hybrid case or example ran)."""
+    parts: list[str] = []
+    vec = report.vectors
+    if vec is not None and vec.orphans:
+        worst = max(vec.orphans, key=lambda k: (vec.orphans[k], k))
+        stranded = sum(1 for n in vec.orphans.values() if n)
+        parts.append(
+            f"hybrid vectors: {stranded} of {len(vec.orphans)} cases strand keyed blocks, at most "
+            f"{vec.orphans[worst]} at once ({worst})"
+        )
+    st = report.stateful
+    if st is not None and st.hybrid_examples:
+        parts.append(f"stateful: at most {st.orphans_max} at once over {st.hybrid_examples} hybrid examples")
+    if not parts:
+        return None
+    note = " (the spec model's count under the same operations; a diagnostic, not a verdict)"
+    return "; ".join(parts) + note
 
 
 def render_report(report: SuiteReport, console: Any) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras
+from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras, is_hybrid
 
 from .codec import Json, config_to_json, extras_to_json
 from .driver import Step, step_requirements
@@ -15,6 +15,13 @@ from .model import SpecModel
 from .properties import PROFILES
 
 SCHEMA_VERSION = 1
+"""The schema of a file whose cases all have the one full-attention group (unchanged since 1)."""
+HYBRID_SCHEMA_VERSION = 2
+"""The schema of a file with hybrid-group cases: version 1 plus the optional fields of
+SEMANTICS.md section 8 (``config.groups``/``retention``/``group_free_order``, the ``new_step`` op,
+``group_tables`` observations, hybrid results, ``error: "Deferred"``, ``orphans``). A file is
+written at the lowest version that can express it, so single-group files stay at 1."""
+SCHEMA_VERSIONS: tuple[int, ...] = (SCHEMA_VERSION, HYBRID_SCHEMA_VERSION)
 
 
 def spec_version() -> str:
@@ -81,6 +88,9 @@ class CaseBuilder:
     def reset(self) -> dict[str, Json]:
         return self.step({"op": "reset"})
 
+    def new_step(self) -> dict[str, Json]:
+        return self.step({"op": "new_step"})
+
     def build(self) -> dict[str, Json]:
         """The case as JSON."""
         return make_case(
@@ -118,6 +128,9 @@ def make_case(
         requires.add("keys")
     if config_error is not None:
         requires.add("input_errors")
+    elif config.groups is not None and is_hybrid(config.groups, config.block_size):
+        requires.add("groups")
+        requires |= {f"group:{g.kind}" for g in config.groups}
     case: dict[str, Json] = {
         "id": case_id,
         "description": description,
@@ -134,9 +147,16 @@ def make_case(
     return case
 
 
+def schema_version_of(cases: Sequence[dict[str, Json]]) -> int:
+    """The lowest schema that can express ``cases`` (:data:`HYBRID_SCHEMA_VERSION` when one uses
+    hybrid groups)."""
+    hybrid = any("groups" in c.get("requires", []) for c in cases)
+    return HYBRID_SCHEMA_VERSION if hybrid else SCHEMA_VERSION
+
+
 def vector_file(group: str, description: str, cases: list[dict[str, Json]]) -> dict[str, Json]:
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version_of(cases),
         "spec_version": spec_version(),
         "group": group,
         "description": description,

@@ -55,7 +55,15 @@ from .judge import Lost
 from .model import EngineRun, build_adapter
 from .properties import PROFILES, Violation
 from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, UnsupportedConfig, close_adapter
-from .vector_format import SCHEMA_VERSION, CaseBuilder, dumps, make_case, spec_version, vector_file
+from .vector_format import (
+    SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    CaseBuilder,
+    dumps,
+    make_case,
+    spec_version,
+    vector_file,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -120,8 +128,8 @@ def load_file(path: Path) -> VectorFile:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise VectorFormatError(f"{path}: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
-        raise VectorFormatError(f"{path}: schema_version must be {SCHEMA_VERSION}")
+    if not isinstance(doc, dict) or doc.get("schema_version") not in SCHEMA_VERSIONS:
+        raise VectorFormatError(f"{path}: schema_version must be one of {SCHEMA_VERSIONS}")
     cases = doc.get("cases")
     if not isinstance(cases, list):
         raise VectorFormatError(f"{path}: 'cases' must be a list")
@@ -176,17 +184,28 @@ def check_case(case: Json) -> None:
 def _check_observation(obs: Json, blocks: Json, where: str) -> None:
     _need(isinstance(obs, dict), f"{where} must be an object")
     _need(_int(obs.get("num_free_blocks")), f"{where}.num_free_blocks must be an int")
-    tables = obs.get("tables")
-    _need(
-        isinstance(tables, list) and all(isinstance(t, list) and len(t) == 2 and _ints(t[1]) for t in tables),
-        f"{where}.tables must be a list of [request_id, [block, ...]]",
-    )
+    if "group_tables" in obs:
+        groups = obs["group_tables"]
+        _need(
+            isinstance(groups, list)
+            and all(isinstance(t, list) and len(t) == 2 and _group_tables(t[1]) for t in groups),
+            f"{where}.group_tables must be a list of [request_id, [[block or null, ...] per group]]",
+        )
+    else:
+        tables = obs.get("tables")
+        _need(
+            isinstance(tables, list)
+            and all(isinstance(t, list) and len(t) == 2 and _ints(t[1]) for t in tables),
+            f"{where}.tables must be a list of [request_id, [block, ...]]",
+        )
     for name in ("ref_cnt", "free_blocks"):
         if name in obs:
             _need(_ints(obs[name]), f"{where}.{name} must be a list of ints")
     if "ref_cnt" in obs and _int(blocks):
         _need(len(obs["ref_cnt"]) == blocks, f"{where}.ref_cnt must have one entry per block")
-    if "keys" in obs:
+    if "keys" in obs and "group_tables" in obs:
+        _need(isinstance(obs["keys"], list), f"{where}.keys must be a list")
+    elif "keys" in obs:
         _need(isinstance(obs["keys"], list), f"{where}.keys must be a list")
         for entry in obs["keys"]:
             _need(
@@ -205,14 +224,21 @@ RESULT_FIELDS: dict[str, dict[str, str]] = {
     "reset": {"reset": "bool"},
     "fork": {},
     "free": {},
+    "new_step": {},
 }
+HYBRID_RESULT_FIELDS: dict[str, dict[str, str]] = {
+    "allocate": {"num_computed_tokens": "int", "block_tables": "tables", "checkpoints": "triples"},
+    "append": {"copies": "pairs", "block_tables": "tables", "checkpoints": "triples"},
+    "fork": {"copies": "pairs"},
+}
+"""Results of hybrid operations (observations with ``group_tables``)."""
 
 
 def _check_expect(op: str, exp: Json, blocks: Json, where: str) -> None:
     _check_observation(exp, blocks, where)
     error = exp.get("error")
     _need(error is None or error in ERROR_KINDS, f"{where}.error must be null or one of {ERROR_KINDS}")
-    for name in ("evictions", "pops"):
+    for name in ("evictions", "pops", "orphans"):
         if name in exp:
             _need(_int(exp[name]), f"{where}.{name} must be an int")
     result = exp.get("result")
@@ -220,7 +246,11 @@ def _check_expect(op: str, exp: Json, blocks: Json, where: str) -> None:
         _need(result is None, f"{where}.result must be null when error is set")
         return
     _need(isinstance(result, dict), f"{where}.result must be an object")
-    for name, kind in RESULT_FIELDS[op].items():
+    fields = RESULT_FIELDS[op]
+    if "group_tables" in exp:
+        plain = {k: v for k, v in fields.items() if k != "block_table"}
+        fields = {**plain, **HYBRID_RESULT_FIELDS.get(op, {})}
+    for name, kind in fields.items():
         _need(_RESULT_KINDS[kind](result.get(name)), f"{where}.result.{name} must be {kind}")
 
 
@@ -232,11 +262,23 @@ def _pairs(value: Json) -> bool:
     return isinstance(value, list) and all(_ints(p) and len(p) == 2 for p in value)
 
 
+def _triples(value: Json) -> bool:
+    return isinstance(value, list) and all(_ints(p) and len(p) == 3 for p in value)
+
+
+def _group_tables(value: Json) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, list) and all(b is None or _int(b) for b in t) for t in value
+    )
+
+
 _RESULT_KINDS: dict[str, Callable[[Json], bool]] = {
     "int": _int,
     "ints": _ints,
     "bool": _bool,
     "pairs": _pairs,
+    "triples": _triples,
+    "tables": _group_tables,
 }
 
 
@@ -268,6 +310,8 @@ class VectorRunReport:
     results: list[CaseResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    orphans: dict[str, int] = field(default_factory=dict)
+    """Per hybrid case that ran, the most orphans its spec expectations show (a diagnostic)."""
 
     def by_status(self, status: str) -> list[CaseResult]:
         return [r for r in self.results if r.status == status]
@@ -292,13 +336,25 @@ def unmet_requirements(case: dict[str, Json], caps: Capabilities, profile: str) 
         elif need in ("fork", "reset", "keys", "input_errors"):
             if not getattr(caps, need):
                 unmet.append(need)
+        elif need == "groups":
+            if not caps.groups:
+                unmet.append("groups")
+        elif need.startswith("group:"):
+            if need.split(":", 1)[1] not in caps.groups:
+                unmet.append(need)
         else:
             unmet.append(f"{need} (unknown requirement)")
     config = case.get("config")
     if isinstance(config, dict) and "config_error" not in case:
         b, n = config.get("block_size"), config.get("num_blocks")
-        if isinstance(b, int) and isinstance(n, int) and not caps.supports_geometry(b, n):
-            unmet.append(f"block_size={b}, num_blocks={n} (not among the declared sizes)")
+        groups = config.get("groups")
+        sizes = [b]
+        if isinstance(groups, list):
+            sizes = [g.get("block_size") for g in groups if isinstance(g, dict)]
+        for size in sizes:
+            if isinstance(size, int) and isinstance(n, int) and not caps.supports_geometry(size, n):
+                unmet.append(f"block_size={size}, num_blocks={n} (not among the declared sizes)")
+                break
         if config.get("hash_algo") == "weak8" and not caps.weak_hash:
             unmet.append("weak_hash")
         if config.get("verify_tokens") and not caps.verify_tokens:
@@ -335,6 +391,9 @@ def run_case(
         return CaseResult(case_id, group, "skip", message=f"config unsupported: {exc}")
     except PrefixCacheError as exc:
         kind = error_kind(exc)
+        if "groups" in case.get("requires", []):  # an engine that does not know hybrid groups
+            message = f"needs groups (the factory raised {kind}: {exc})"
+            return CaseResult(case_id, group, "skip", message=message)
         return CaseResult(
             case_id, group, "fail", "error-kinds", f"factory raised {kind} for a valid config: {exc}"
         )
@@ -435,7 +494,11 @@ def run_vectors(
     done = 0
     for vf in files:
         for case in vf.cases:
-            report.results.append(run_case(factory, case, profile, vf.group, caps))
+            result = run_case(factory, case, profile, vf.group, caps)
+            report.results.append(result)
+            if result.status != "skip" and "groups" in case.get("requires", []):
+                seen = [s["expect"].get("orphans", 0) for s in case.get("steps", []) if isinstance(s, dict)]
+                report.orphans[result.case_id] = max(seen, default=0)
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -1,5 +1,7 @@
 """The optimized implementation: :class:`BlockManager` (the spec's operations in O(1) per block,
-proven equal to :class:`pagedprefix.spec.SpecCache` by the stateful tests), and the device state
+proven equal to :class:`pagedprefix.spec.SpecCache` by the stateful tests), its hybrid
+counterpart :class:`HybridBlockManager` (KV-cache groups, equal to
+:class:`pagedprefix.spec.HybridSpecCache`; :func:`create_manager` picks), and the device state
 :class:`BlockTables` and :class:`KVCache` (torch tensors; imported on first use, so the manager
 does not need torch).
 """
@@ -8,12 +10,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pagedprefix.spec import CacheConfig, InvalidConfig, check_config, is_hybrid
+
 from .block_manager import BlockManager, FreeBlockQueue
+from .hybrid import HybridBlockManager
 
 if TYPE_CHECKING:
     from .device import BlockTables, KVCache
 
-__all__ = ["BlockManager", "BlockTables", "FreeBlockQueue", "KVCache"]
+__all__ = ["BlockManager", "BlockTables", "FreeBlockQueue", "HybridBlockManager", "KVCache", "create_manager"]
+
+
+def create_manager(config: CacheConfig, *, events: bool = False) -> BlockManager | HybridBlockManager:
+    """The manager ``config`` needs: :class:`BlockManager` for the one full-attention group (the
+    default), :class:`HybridBlockManager` for hybrid groups. ``events=True`` records the KV-cache
+    events of SEMANTICS.md section 9 (``BlockManager.create``). Raises ``InvalidConfig`` (also for
+    ``events=True`` with hybrid groups: the hybrid manager records no events yet)."""
+    check_config(config)
+    if is_hybrid(config.groups, config.block_size):
+        if events:
+            raise InvalidConfig("KV-cache events are recorded for the one full-attention group only")
+        return HybridBlockManager.create(config)
+    return BlockManager.create(config, events=events)
 
 
 def __getattr__(name: str) -> object:

@@ -10,6 +10,8 @@ Examples::
     pagedprefix replay --engine pagedprefix.conformance.adapters:impl --check-spec --limit 300
     pagedprefix replay --limit 2000 --num-blocks unbounded --replicas 4 --router prefix_aware \\
         --drop-events 0.1 --restart-replica 1@1000 --transport zmq
+    pagedprefix replay --groups 'full(16)+sliding(128,16)' --retention replay,dense \
+        --num-blocks 40000,160000,unbounded --plot hybrid.png   # gpt-oss-like hybrid groups
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pagedprefix.spec import InvalidConfig, PrefixCacheError
+from pagedprefix.spec import InvalidConfig, PrefixCacheError, hash_granularity, parse_groups
+from pagedprefix.spec.groups import check_groups
 from rich.console import Console
 
 from .cli_common import (
@@ -54,6 +57,11 @@ _H_STRICT = "strict: the first bad line is an error; lenient: skip, count and re
 _H_ENGINE = "'impl' (default), 'spec' or module:factory, a Callable[[CacheConfig], engine]"
 _H_CHECK = "run the spec in lockstep and stop at the first divergence"
 _H_REPRO = "where --check-spec saves the reproduction of a divergence (JSON)"
+_H_GROUPS = ("hybrid KV-cache groups over the one pool, e.g. 'full(16)+sliding(128,16)' (gpt-oss-like); "
+             "also chunked(C,B), mamba(B); the block size is then their gcd")
+_H_RETENTION = ("with --groups: replay (default), dense, or both as 'replay,dense' (which sliding-window "
+                "tails and Mamba states are kept)")
+RETENTION_CHOICES = ("replay", "dense")
 _H_PLOT = "write the hit-rate-vs-capacity curve as PNG (needs matplotlib)"
 _H_PROGRESS = "progress bar (default: on a terminal, for long runs)"
 
@@ -150,6 +158,8 @@ def replay_command(
     json_path: Annotated[Path | None, typer.Option("--json", help="write the results as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help=_H_PLOT)] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=_H_PROGRESS)] = None,
+    groups: Annotated[str | None, typer.Option("--groups", help=_H_GROUPS)] = None,
+    retention: Annotated[str, typer.Option("--retention", help=_H_RETENTION)] = "replay",
 ) -> None:
     """Replay a request trace through a prefix cache and report hit rates, evictions and peak usage;
     with --replicas, through a cluster routed by the replicas' KV-cache events."""
@@ -174,11 +184,18 @@ def prepare_job(params: Mapping[str, Any], console: Console | None = None,
     error ends the command: ``typer.Exit`` after one line on stderr."""
     p = dict(params)
     capacities = parse_capacities(p["num_blocks"])
-    configs = [ReplayConfig(block_size=p["block_size"], num_blocks=cap, max_running=p["max_running"],
-                            decode_chunk=p["decode_chunk"], max_output=p["max_output"], samples=p["samples"],
-                            step_ms=p["step_ms"], hash_algo=p["hash_algo"], free_order=p["free_order"])
-               for cap in capacities]
     try:
+        hybrid = None if p.get("groups") is None else parse_groups(p["groups"])
+        retentions = parse_retentions(p.get("retention", "replay"), hybrid is not None)
+        block_size = p["block_size"]
+        if hybrid is not None:
+            block_size = hash_granularity(hybrid)
+            check_groups(hybrid, block_size)
+        configs = [ReplayConfig(block_size=block_size, num_blocks=cap, max_running=p["max_running"],
+                                decode_chunk=p["decode_chunk"], max_output=p["max_output"],
+                                samples=p["samples"], step_ms=p["step_ms"], hash_algo=p["hash_algo"],
+                                free_order=p["free_order"], groups=hybrid, retention=ret)
+                   for ret in retentions for cap in capacities]
         for config in configs:
             config.validate()
     except InvalidConfig as exc:
@@ -190,6 +207,9 @@ def prepare_job(params: Mapping[str, Any], console: Console | None = None,
     if cluster.wanted():
         if p["check_spec"]:
             raise fail(COMMAND, "--check-spec runs one engine; it does not combine with the cluster options")
+        if hybrid is not None:
+            raise fail(COMMAND, "--groups runs one engine (hybrid caches publish no KV-cache events); "
+                       "it does not combine with the cluster options")
         hook = cluster_hook or (_cluster_hook[0] if _cluster_hook else None)
         if hook is None:
             raise fail(COMMAND, "the cluster replay (pagedprefix.cluster) is not installed")
@@ -235,6 +255,8 @@ def _run_single(job: ReplayJob, out: Console, console: Console) -> None:
     for config in job.configs:
         cap = config.num_blocks
         label = f"{'unbounded' if cap is None else cap} blocks"
+        if config.groups is not None:
+            label += f", {config.retention}"
         try:
             with _progress(job.show_progress, console, label, len(job.requests)) as update:
                 result = run_replay(job.requests, config, job.factory, engine_name=engine,
@@ -252,7 +274,8 @@ def _run_single(job: ReplayJob, out: Console, console: Console) -> None:
     if job.check_spec and divergence is None:
         ops = sum(r.operations for r in results)
         out.print(f"check-spec: {ops} operations agree with the spec")
-    drops = monotonicity_violations(results)
+    drops = [d for ret in sorted({r.retention for r in results})
+             for d in monotonicity_violations([r for r in results if r.retention == ret])]
     for a, b, ra, rb in drops:
         out.print(f"note: token hit rate drops from {ra:.4f} at {a} blocks to {rb:.4f} at {b} blocks")
     _write_outputs(results, job.csv_path, job.json_path, job.plot)
@@ -265,6 +288,17 @@ def _run_single(job: ReplayJob, out: Console, console: Console) -> None:
         console.print(f"reproduction ({divergence.op_index + 1} operations) saved to {path}",
                       markup=False, highlight=False)
         raise typer.Exit(1)
+
+
+def parse_retentions(text: str, hybrid: bool) -> list[str]:
+    """``replay``, ``dense`` or ``replay,dense`` (a sweep of both); only with ``--groups``.
+    Raises :class:`InvalidConfig`."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in RETENTION_CHOICES for n in names) or len(set(names)) != len(names):
+        raise InvalidConfig(f"--retention: expected replay, dense or replay,dense, got {text!r}")
+    if not hybrid and names != ["replay"]:
+        raise InvalidConfig("--retention needs --groups (a single full-attention group keeps every block)")
+    return names
 
 
 def _report_bad_lines(console: Console, trace: str, bad_lines: list[BadLine]) -> None:

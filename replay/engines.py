@@ -40,7 +40,7 @@ class ReplayEngine(Protocol):
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult: ...
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None: ...
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> object: ...
 
     def free(self, request_id: RequestId) -> None: ...
 
@@ -51,8 +51,9 @@ EngineFactory = Callable[[CacheConfig], ReplayEngine]
 
 DEFAULT_ENGINE = "impl"
 SHORT_NAMES: dict[str, str] = {
-    "impl": "pagedprefix.impl:BlockManager.create",
-    "spec": "pagedprefix.spec:SpecCache.create",
+    # create_manager / create_cache: the single-group engines, or the hybrid ones for --groups
+    "impl": "pagedprefix.impl:create_manager",
+    "spec": "pagedprefix.spec:create_cache",
     "radix": "pagedprefix.impl.radix:RadixCache.create",
     # The engines' own caches (pagedprefix.conformance.engines; the wheels are installed separately).
     "vllm": "pagedprefix.conformance.engines.vllm:vllm",

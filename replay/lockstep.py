@@ -32,17 +32,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagedprefix.conformance.codec import config_from_json, config_to_json
 from pagedprefix.spec import (
     Allocation,
     AppendResult,
     CacheConfig,
+    HybridAllocation,
+    HybridAppendResult,
     OutOfBlocks,
     PrefixCacheError,
-    SpecCache,
+    create_cache,
 )
 
 from .divergence import REPRO_FORMAT, REPRO_VERSION, Divergence
@@ -75,6 +78,8 @@ class _Renaming:
 
 
 def _describe(value: object) -> str:
+    if isinstance(value, (HybridAllocation, HybridAppendResult)):
+        return repr(value)
     if isinstance(value, Allocation):
         return (f"Allocation(num_computed_tokens={value.num_computed_tokens}, "
                 f"block_table={list(value.block_table)})")
@@ -87,7 +92,8 @@ def _describe(value: object) -> str:
 
 
 def _config_json(config: CacheConfig) -> dict[str, Any]:
-    return asdict(config)
+    """The config's JSON form (``conformance.codec``: hybrid fields only when not the default)."""
+    return config_to_json(config)
 
 
 def _op_json(op: OpRecord) -> dict[str, Any]:
@@ -116,7 +122,7 @@ class LockstepExecutor(Executor):
     def __init__(self, engine: ReplayEngine, config: CacheConfig, *, deep: bool = True) -> None:
         super().__init__(engine, config)
         self.config = config
-        self.spec = SpecCache.create(config)
+        self.spec = create_cache(config)  # the hybrid spec for hybrid groups
         caps = getattr(engine, "capabilities", None)
         self.exact = bool(getattr(caps, "exact_ids", True))
         self.renaming = _Renaming()
@@ -153,7 +159,37 @@ class LockstepExecutor(Executor):
         except PrefixCacheError as exc:
             return False, exc
 
+    def _same_tables(self, spec: Any, engine: Any) -> bool:
+        """Per-group tables: the same ``None`` entries, the same ids (or one renaming)."""
+        if len(spec) != len(engine) or any(
+            [b is None for b in s] != [b is None for b in e] for s, e in zip(spec, engine)
+        ):
+            return False
+        flat = [b for t in spec for b in t if b is not None]
+        return self._same_ids(tuple(flat), tuple(b for t in engine for b in t if b is not None))
+
+    def _same_hybrid(self, expected: Any, actual: Any) -> str | None:
+        if type(actual) is not type(expected):
+            return f"the engine returned {type(actual).__name__}, not {type(expected).__name__}"
+        if isinstance(expected, HybridAllocation):
+            want, got = expected.num_computed_tokens, actual.num_computed_tokens
+            if want != got:
+                return f"num_computed_tokens {got} != spec's {want}"
+        if isinstance(expected, HybridAppendResult):
+            spec_copies = tuple(x for pair in expected.copies for x in pair)
+            if not self._same_ids(spec_copies, tuple(x for pair in actual.copies for x in pair)):
+                return "copy-on-write copies differ"
+        if not self._same_tables(expected.block_tables, actual.block_tables):
+            return "block tables differ"
+        if [c[:2] for c in expected.checkpoints] != [c[:2] for c in actual.checkpoints] or not self._same_ids(
+            tuple(c[2] for c in expected.checkpoints), tuple(c[2] for c in actual.checkpoints)
+        ):
+            return "checkpoints differ"
+        return None
+
     def _same_value(self, expected: object, actual: object) -> str | None:
+        if isinstance(expected, (HybridAllocation, HybridAppendResult)):
+            return self._same_hybrid(expected, actual)
         if isinstance(expected, Allocation):
             if not isinstance(actual, Allocation):
                 return "the engine returned no Allocation"
@@ -273,7 +309,7 @@ def load_repro(path: str | Path) -> tuple[CacheConfig, list[dict[str, Any]]]:
     data = json.loads(Path(path).read_text())
     if data.get("format") != REPRO_FORMAT or data.get("version") != REPRO_VERSION:
         raise ValueError(f"{path}: not a {REPRO_FORMAT} version {REPRO_VERSION} file")
-    return CacheConfig(**data["config"]), list(data["ops"])
+    return config_from_json(data["config"]), list(data["ops"])
 
 
 def run_ops(ops: list[dict[str, Any]], config: CacheConfig, factory: EngineFactory) -> Divergence | None:

@@ -19,6 +19,7 @@ CSV_FIELDS: tuple[str, ...] = (
     "prompt_tokens", "hit_tokens", "token_hit_rate", "prompt_blocks", "hit_blocks", "block_hit_rate",
     "bound_token_hit_rate", "bound_block_hit_rate", "decode_tokens", "evictions", "peak_blocks_in_use",
     "cow_copies", "operations", "steps", "mean_wait_ms", "wall_s", "diverged",
+    "groups", "retention", "orphans", "orphans_peak",
 )
 
 
@@ -71,8 +72,21 @@ def write_plot(results: Sequence[ReplayResult], path: str | Path, *, title: str 
     ordered = sorted(results, key=lambda r: r.num_blocks)
     xs = [r.num_blocks for r in ordered]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(xs, [r.token_hit_rate for r in ordered], marker="o", label="token hit rate")
-    ax.plot(xs, [r.block_hit_rate for r in ordered], marker="s", linestyle="--", label="block hit rate")
+    retentions = sorted({r.retention for r in ordered if r.groups})
+    if retentions:  # hybrid groups: one token-hit curve per retention, the orphans on a second axis
+        orphans_ax = ax.twinx()
+        for ret, marker in zip(retentions, "os^"):
+            runs = [r for r in ordered if r.retention == ret]
+            rx = [r.num_blocks for r in runs]
+            ax.plot(rx, [r.token_hit_rate for r in runs], marker=marker, label=f"token hit rate ({ret})")
+            orphans_ax.plot(rx, [r.orphans or 0 for r in runs], marker=marker, linestyle=":", alpha=0.6,
+                            color="tab:red", label=f"orphans at the end ({ret})")
+        orphans_ax.set_ylabel("orphaned keyed blocks")
+        orphans_ax.set_ylim(bottom=0)
+        orphans_ax.legend(loc="lower right", fontsize=8)
+    else:
+        ax.plot(xs, [r.token_hit_rate for r in ordered], marker="o", label="token hit rate")
+        ax.plot(xs, [r.block_hit_rate for r in ordered], marker="s", linestyle="--", label="block hit rate")
     bound = next((r.bound_token_hit_rate for r in ordered if r.bound_token_hit_rate is not None), None)
     if bound is not None:
         ax.axhline(bound, color="grey", linestyle=":", label=f"unbounded bound ({bound:.3f})")
@@ -84,11 +98,11 @@ def write_plot(results: Sequence[ReplayResult], path: str | Path, *, title: str 
     ax.set_ylim(bottom=0)
     if title is None and first is not None:
         title = (f"{first.trace or 'trace'}: {first.requests} requests, engine {first.engine}, "
-                 f"max_running {first.max_running}")
+                 f"max_running {first.max_running}" + (f", {first.groups}" if first.groups else ""))
     if title:
         ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -99,18 +113,30 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 
 def results_table(results: Sequence[ReplayResult]) -> Table:
-    """A compact rich table, one row per run (``*``: an unbounded pool)."""
-    table = Table(title="replay", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-    for name in ("blocks", "token\nhit", "block\nhit", "bound", "evicted", "peak\nused", "CoW",
-                 "de-\nlayed", "pre-\nempted", "re-\njected", "ab-\norted", "wall\ns"):
+    """A compact rich table, one row per run (``*``: an unbounded pool). With hybrid groups it
+    has a retention column and the orphan counts (at the end, and the most seen at once)."""
+    hybrid = any(r.groups for r in results)
+    title = "replay" + (f" ({results[0].groups})" if hybrid else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    names = ["blocks", "token\nhit", "block\nhit", "bound", "evicted", "peak\nused", "CoW",
+             "de-\nlayed", "pre-\nempted", "re-\njected", "ab-\norted", "wall\ns"]
+    if hybrid:
+        names[1:1] = ["reten-\ntion"]
+        names[-1:-1] = ["orphans\nend", "orphans\npeak"]
+    for name in names:
         table.add_column(name, justify="right", no_wrap=True)
-    for r in sorted(results, key=lambda r: r.num_blocks):
-        table.add_row(
+    for r in sorted(results, key=lambda r: (r.num_blocks, r.retention)):
+        cells = [
             f"{r.num_blocks}{'*' if r.unbounded else ''}",
             _fmt(r.token_hit_rate), _fmt(r.block_hit_rate), _fmt(r.bound_token_hit_rate),
             "-" if r.evictions is None else str(r.evictions), str(r.peak_blocks_in_use), str(r.cow_copies),
             str(r.delayed), str(r.preemptions), str(r.rejected), str(r.aborted), f"{r.wall_s:.1f}",
-        )
+        ]
+        if hybrid:
+            cells[1:1] = [r.retention]
+            cells[-1:-1] = ["-" if r.orphans is None else str(r.orphans),
+                            "-" if r.orphans_peak is None else str(r.orphans_peak)]
+        table.add_row(*cells)
     if any(r.unbounded for r in results):
         table.caption = "* unbounded: a pool that never evicts"
     return table

@@ -34,7 +34,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pagedprefix.spec import MAX_NUM_BLOCKS, Allocation, AppendResult, CacheConfig, InvalidConfig, OutOfBlocks
+from pagedprefix.spec import (
+    MAX_NUM_BLOCKS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    InvalidConfig,
+    KVCacheGroup,
+    OutOfBlocks,
+    describe_groups,
+    hit_alignment,
+)
 from pagedprefix.spec.cache import check_config
 from pagedprefix.spec.errors import safe_repr
 
@@ -49,6 +59,8 @@ MAX_SAMPLES = 1024
 """Most sequences per request (``ReplayConfig.samples``)."""
 MAX_KNOB = 2**31 - 1
 """Upper bound of the int knobs ``max_running``, ``decode_chunk`` and ``max_output``."""
+ORPHAN_SAMPLE = 256
+"""Finished requests between two samples of the orphan count (a hybrid engine's ``orphans()``)."""
 
 
 def _int_knob(name: str, value: object, low: int, high: int) -> None:
@@ -69,6 +81,10 @@ class ReplayConfig:
         samples: sequences per request (``> 1``: ``fork`` and copy-on-write).
         step_ms: simulated ms per scheduler step; ``None`` ignores arrival times.
         hash_algo, hash_seed, free_order, dedup_on_full: passed to :class:`CacheConfig`.
+        groups: hybrid KV-cache groups (SEMANTICS.md section 8) over the one pool, e.g. a
+            gpt-oss-like ``(full(16), sliding(128, 16))``; ``None``: the one full-attention group.
+            With groups, ``block_size`` must be their gcd (``pagedprefix replay --groups`` sets it).
+        retention: ``"replay"`` (default) or ``"dense"``, for the sliding and Mamba groups.
     """
 
     block_size: int = 16
@@ -82,6 +98,8 @@ class ReplayConfig:
     hash_seed: int | None = None
     free_order: str = "unhashed_to_head"
     dedup_on_full: bool = False
+    groups: tuple[KVCacheGroup, ...] | None = None
+    retention: str = "replay"
 
     def validate(self) -> None:
         """Raise :class:`pagedprefix.spec.InvalidConfig` (a ``ValueError``) for a knob of the wrong
@@ -115,15 +133,32 @@ class ReplayConfig:
             hash_seed=self.hash_seed,
             free_order=self.free_order,
             dedup_on_full=self.dedup_on_full,
+            groups=self.groups,
+            retention=self.retention,
         )
+
+    def describe_groups(self) -> str:
+        """``full(16)+sliding(128,16)``, or ``""`` without hybrid groups."""
+        return "" if self.groups is None else describe_groups(self.groups)
 
 
 def unbounded_blocks(requests: Sequence[TraceRequest], config: ReplayConfig) -> int:
-    """A pool size that never evicts: every sequence's final block count, summed (at least 1)."""
-    b = config.block_size
-    total = sum(
-        config.samples * -(-(r.input_length + config.output_length(r)) // b) for r in requests
-    )
+    """A pool size that never evicts: every sequence's final block count, summed (at least 1);
+    with hybrid groups, every entry of every group, and for a Mamba group one checkpoint per
+    multiple of the hit alignment besides its running state."""
+    groups = config.groups
+    if groups is None:
+        b = config.block_size
+        total = sum(
+            config.samples * -(-(r.input_length + config.output_length(r)) // b) for r in requests
+        )
+        return max(total, 1)
+    align = hit_alignment(groups)
+    total = 0
+    for r in requests:
+        n = r.input_length + config.output_length(r)
+        per = sum(n // align + 2 if g.kind == "mamba" else -(-n // g.block_size) for g in groups)
+        total += config.samples * per
     return max(total, 1)
 
 
@@ -161,6 +196,14 @@ class ReplayResult:
     mean_wait_ms: float | None = None
     bound_token_hit_rate: float | None = None
     bound_block_hit_rate: float | None = None
+    groups: str = ""
+    """The hybrid groups (``full(16)+sliding(128,16)``), ``""`` for the one full group."""
+    retention: str = ""
+    orphans: int | None = None
+    """Keyed blocks no lookup can reach because a sibling group's block for the same boundary is
+    gone, when the replay ends (engines with ``orphans()``: the hybrid spec and impl)."""
+    orphans_peak: int | None = None
+    """The most orphans seen at once, sampled every :data:`ORPHAN_SAMPLE` finished requests."""
     hits: list[int] = field(default_factory=list)
     """Per request (trace order): hit tokens at first admission, ``-1`` if never admitted."""
     divergence: Divergence | None = None
@@ -276,6 +319,9 @@ class Scheduler:
         self.finished = 0
         self._head_tokens: tuple[int, list[int]] | None = None
         self._retry_admission = True
+        count = getattr(ex.engine, "orphans", None)  # hybrid engines: the orphans diagnostic
+        self._count_orphans: Callable[[], int] | None = count if callable(count) else None
+        self._orphan_samples: list[int] = []
 
     @property
     def busy(self) -> bool:
@@ -298,6 +344,8 @@ class Scheduler:
 
     def _finish(self) -> None:
         self.finished += 1
+        if self._count_orphans is not None and self.finished % ORPHAN_SAMPLE == 0:
+            self._orphan_samples.append(int(self._count_orphans()))
 
     def admit(self, clock: float) -> None:
         """Admit from the head of the queue, FIFO, while fewer than ``max_running`` run (``clock``:
@@ -400,6 +448,9 @@ class Scheduler:
         result.operations = self.ex.operations
         result.peak_blocks_in_use = self.ex.peak_in_use
         result.evictions = self.ex.evictions()
+        if self._count_orphans is not None:
+            result.orphans = int(self._count_orphans())
+            result.orphans_peak = max([*self._orphan_samples, result.orphans])
         for r, h in zip(self.reqs, self.hits):
             result.prompt_tokens += r.input_length
             result.prompt_blocks += -(-r.input_length // bsz)
@@ -451,7 +502,8 @@ def run_replay(
     result = ReplayResult(
         engine=engine_name, trace=trace_name, block_size=config.block_size, num_blocks=num_blocks,
         unbounded=unbounded, max_running=config.max_running, decode_chunk=config.decode_chunk,
-        samples=config.samples, requests=n,
+        samples=config.samples, requests=n, groups=config.describe_groups(),
+        retention=config.retention if config.groups is not None else "",
     )
     sched = Scheduler(ex, reqs, config, result, decode_starts(reqs, config))
     next_arrival = 0

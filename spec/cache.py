@@ -29,6 +29,7 @@ from .errors import (
 )
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
 from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields, check_extras
+from .groups import GROUP_FREE_ORDERS, RETENTIONS, Groups, check_groups, is_hybrid
 from .keys import HASH_ALGOS, SEEDED_BY_DEFAULT, chain_keys, hash_function, root_key
 from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, check_memory
 
@@ -66,6 +67,17 @@ class CacheConfig:
         dedup_on_full: ``False`` (default; vLLM v1: a block that fills up with an already-cached key
             is kept as a duplicate) or ``True`` (vLLM v0: it is swapped for the cached block).
         verify_tokens: a key hit whose remembered content differs counts as a miss.
+        groups: the KV-cache groups over the one pool (SEMANTICS.md section 8,
+            ``spec/groups.py``); ``None`` (default) is the one full-attention group
+            ``(full(block_size),)``, and both are this single-group cache byte for byte. With other
+            groups ``block_size`` must be their hash granularity ``gcd(B_g)``, and the cache is
+            :class:`pagedprefix.spec.hybrid.HybridSpecCache` (``pagedprefix.spec.create_cache``).
+        retention: ``"replay"`` (default) or ``"dense"``: which sliding-window tails and Mamba
+            states a hybrid cache keys (``spec/groups.py``, ``RETENTIONS``).
+        group_free_order: ``"group_major"`` (default) or ``"reversed_concat"``: the order ``free``
+            releases a hybrid request's tables (``GROUP_FREE_ORDERS``).
+
+    The last three change nothing for the single full-attention group.
     """
 
     block_size: int
@@ -76,6 +88,9 @@ class CacheConfig:
     free_order: str = "unhashed_to_head"
     dedup_on_full: bool = False
     verify_tokens: bool = False
+    groups: Groups | None = None
+    retention: str = "replay"
+    group_free_order: str = "group_major"
 
 
 def _is_int(x: object) -> bool:
@@ -115,6 +130,14 @@ def check_config(config: CacheConfig) -> None:
     _check_choice("free_order", config.free_order, FREE_ORDERS)
     if not isinstance(config.dedup_on_full, bool) or not isinstance(config.verify_tokens, bool):
         raise InvalidConfig("dedup_on_full and verify_tokens must be bools")
+    check_groups(config.groups, config.block_size)
+    _check_choice("retention", config.retention, RETENTIONS)
+    _check_choice("group_free_order", config.group_free_order, GROUP_FREE_ORDERS)
+    if is_hybrid(config.groups, config.block_size) and (config.dedup_on_full or config.verify_tokens):
+        raise InvalidConfig(
+            "dedup_on_full and verify_tokens are single-group policies (vLLM v0 and the content check "
+            "have no hybrid groups in this spec)"
+        )
 
 
 def resolve_seed(config: CacheConfig) -> int | None:
@@ -274,10 +297,13 @@ class SpecCache:
         ``events=True`` records the KV-cache event stream of SEMANTICS.md section 9 for
         :meth:`take_events` (off by default: a cache nobody reads the events of would keep them all).
 
-        Raises :class:`InvalidConfig` (:func:`check_config`, and a pool whose estimated
+        Raises :class:`InvalidConfig` (:func:`check_config`, hybrid ``groups`` — build those with
+        ``pagedprefix.spec.create_cache`` —, and a pool whose estimated
         ``num_blocks * SPEC_BYTES_PER_BLOCK`` bytes exceed the memory available, before allocating).
         """
         check_config(config)
+        if is_hybrid(config.groups, config.block_size):
+            raise InvalidConfig("hybrid groups need the hybrid cache: use pagedprefix.spec.create_cache")
         check_memory(config.num_blocks, SPEC_BYTES_PER_BLOCK, "the spec cache")
         seed = resolve_seed(config)
         root = root_key(config.hash_algo, config.block_size, config.namespace, seed)

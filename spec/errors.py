@@ -2,7 +2,8 @@
 
 Every operation is all-or-nothing: when one of these is raised, the cache state is exactly as it
 was before the call. When several errors apply, the first in this order wins: request id, tokens,
-extras, capacity (``fork`` checks the parent before the child).
+extras, a deferred recurrent state (hybrid caches only), capacity (``fork`` checks the parent
+before the child).
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class InvalidBlockId(PrefixCacheError, IndexError):
     """An observation asked about a physical block id that is not an int in ``[0, num_blocks)``."""
 
 
+class Deferred(PrefixCacheError, RuntimeError):
+    """An admission whose hit would use a recurrent (Mamba) state keyed since the last
+    ``new_step()``: the state may not be written yet, so the request must wait one step
+    (SEMANTICS.md section 8; vLLM's ``cached_blocks_this_step``, PR #29387). Nothing changed."""
+
+
 class OutOfBlocks(PrefixCacheError, RuntimeError):
     """Not enough free capacity for the operation right now.
 
@@ -100,6 +107,7 @@ class OutOfBlocks(PrefixCacheError, RuntimeError):
 
 
 __all__ = [
+    "Deferred",
     "DuplicateRequest",
     "InvalidBlockId",
     "InvalidConfig",

@@ -17,6 +17,16 @@ reproduce the key vectors shipped in ``key_vectors.json``)::
     key[0] = H_seed(block_preimage(parent=root,     tokens[0:B],    fields[0]))
     key[i] = H_seed(block_preimage(parent=key[i-1], tokens[iB:iB+B], fields[i]))
 
+Hybrid KV-cache groups (SEMANTICS.md section 8, ``spec/hybrid.py``) run this chain at the hash
+granularity ``h = gcd(B_g)`` (``block_size = h`` in the root) and key block ``j`` of group ``g``
+(block size ``B_g``) by the chain digest at fine index ``(j + 1) * B_g / h - 1``, tagged with the
+group::
+
+    group_key(g, digest) = b"PPGK" ‖ u32(g) ‖ digest
+
+The fixed-width tag keeps groups apart (the same prefix has one entry per group) and can never
+equal a single-group key (those are bare digests). The single full-attention group keeps bare keys.
+
 Hash algorithms ``H_seed`` (``seed`` is the cache's 64-bit seed, ``None`` when it has none):
 
 - ``sha256``: the 32-byte SHA-256 digest; the seed enters only through the root preimage.
@@ -116,6 +126,21 @@ def encode_root(hash_algo: str, block_size: int, namespace: str, seed: int | Non
         assert 0 <= seed < 2**64
         out.append(b"\x01" + seed.to_bytes(8, "little"))
     return b"".join(out)
+
+
+GROUP_KEY_TAG = b"PPGK"
+
+
+def group_key(group: int, digest: bytes) -> bytes:
+    """``b"PPGK" ‖ u32(group) ‖ digest``: the key of a hybrid group's block (module docstring)."""
+    return GROUP_KEY_TAG + u32(group) + digest
+
+
+def key_group(key: bytes) -> int | None:
+    """The group a :func:`group_key` names; ``None`` for a key that is not a group key."""
+    if len(key) < 8 or key[:4] != GROUP_KEY_TAG:
+        return None
+    return int.from_bytes(key[4:8], "little")
 
 
 def root_key(hash_algo: str, block_size: int, namespace: str, seed: int | None) -> bytes:

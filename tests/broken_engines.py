@@ -268,7 +268,7 @@ def _events_factory(
     cls: type[SpecCache], adapter: type[SpecShapedAdapter] = SpecShapedAdapter
 ) -> AdapterFactory:
     def factory(config: CacheConfig) -> PrefixCacheAdapter:
-        return adapter(cls.create(config, events=True), spec_capabilities(config, events=True))
+        return adapter(cls.create(config, events=True), spec_capabilities(config, groups=False, events=True))
 
     factory.__name__ = cls.__name__
     return factory
@@ -277,7 +277,7 @@ def _events_factory(
 def _factory(cls: type[SpecCache]) -> AdapterFactory:
     def factory(config: CacheConfig) -> PrefixCacheAdapter:
         cache = cls.create(config)
-        return SpecShapedAdapter(cache, spec_capabilities(config))
+        return SpecShapedAdapter(cache, spec_capabilities(config, groups=False))
 
     factory.__name__ = cls.__name__
     return factory

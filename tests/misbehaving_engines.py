@@ -26,7 +26,7 @@ def _late() -> bool:
 
 class _Base(SpecShapedAdapter):
     def __init__(self, config: CacheConfig) -> None:
-        super().__init__(SpecCache.create(config), spec_capabilities(config))
+        super().__init__(SpecCache.create(config), spec_capabilities(config, groups=False))
 
     def admit(self, request_id: Any, tokens: Any, extras: Any) -> Allocation:
         if extras is None:

@@ -50,7 +50,7 @@ def test_forward_free_order_shows_in_tables_without_free_queue_introspection() -
     def blind(config: CacheConfig) -> PrefixCacheAdapter:
         adapter = broken_engines.frees_forward(config)
         assert isinstance(adapter, SpecShapedAdapter)
-        caps = spec_capabilities(config)
+        caps = spec_capabilities(config, groups=False)
         adapter.capabilities = Capabilities(**{**caps.__dict__, "free_queue": False})
         return adapter
 

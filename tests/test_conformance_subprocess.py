@@ -124,3 +124,33 @@ def test_a_command_that_does_not_speak_the_protocol_is_refused() -> None:
     factory = subprocess_factory([sys.executable, "-c", "print('hello there')"])
     with pytest.raises(EngineProcessError):
         factory(CacheConfig(2, 2))
+
+
+def test_protocol_3_carries_hybrid_groups_and_events_together() -> None:
+    """One protocol version (3) for both features: the reference server's spec declares ``events``
+    for single-group configs and ``groups`` for hybrid ones, and the suite drives both through it."""
+    factory = load_engine(f"jsonl:{sys.executable} -m pagedprefix.conformance.jsonl_server --engine spec")
+    try:
+        report = run_conformance(factory, profile="exact", max_examples=60, echo=None)
+    finally:
+        factory.close()  # type: ignore[attr-defined]
+    assert report.ok, [f.render() for f in report.failures()]
+    assert report.capabilities is not None and report.capabilities.events and report.capabilities.groups
+    assert report.hybrid_examples >= 15
+    status = {p.name: p.status for p in report.properties}
+    for prop in ("event-index", "event-sequence", "group-soundness", "window-liveness", "group-accounting"):
+        assert status[prop] == "pass", (prop, status[prop])
+
+
+def test_a_version_2_server_gets_no_hybrid_config() -> None:
+    """A version-2 server's ``groups`` claim is dropped (hybrid results need version 3)."""
+    factory = subprocess_factory([sys.executable, str(Path(__file__).parent / "jsonl_v2_server.py")])
+    try:
+        adapter = factory(CacheConfig(block_size=2, num_blocks=4))
+        assert adapter.capabilities.groups == frozenset()
+        report = run_conformance(factory, profile="core", max_examples=25, echo=None)
+    finally:
+        factory.close()  # type: ignore[attr-defined]
+    assert report.ok and report.hybrid_examples == 0
+    status = {p.name: (p.status, p.detail) for p in report.properties}
+    assert status["group-soundness"] == ("skip", "capability groups not declared (no hybrid configs)")

@@ -30,7 +30,8 @@ def test_shipped_data_files_are_installed(tmp_path: Path) -> None:
         "assert r.files('pagedprefix.spec').joinpath('key_vectors.json').is_file()\n"
         "assert r.files('pagedprefix').joinpath('py.typed').is_file()\n"
         "v = r.files('pagedprefix.conformance').joinpath('vectors')\n"
-        "assert len([p for p in v.iterdir() if p.name.endswith('.json')]) == 8\n"
+        "assert len([p for p in v.iterdir() if p.name.endswith('.json')]) == 9\n"
+        "assert v.joinpath('hybrid.json').is_file()\n"
         "d = r.files('pagedprefix.replay').joinpath('data')\n"
         "assert d.joinpath('mooncake_fast25_conversation_trace.jsonl.gz').is_file()\n"
     )

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from pagedprefix.impl import BlockManager
+from pagedprefix.impl import BlockManager, create_manager
 from pagedprefix.replay.bound import prefix_hit_bound
 from pagedprefix.replay.engines import EngineFactory, EngineUnavailable, ReplayEngine, load_factory
 from pagedprefix.replay.report import monotonicity_violations
 from pagedprefix.replay.sim import ReplayConfig, ReplayResult, run_replay, unbounded_blocks
 from pagedprefix.replay.trace import TraceRequest, load_trace
-from pagedprefix.spec import CacheConfig, SpecCache
+from pagedprefix.spec import CacheConfig, SpecCache, create_cache
 
 
 def _requests(*specs: tuple[int, int, list[int]]) -> list[TraceRequest]:
@@ -221,8 +221,9 @@ def test_config_validation() -> None:
 
 
 def test_engine_names_resolve_to_factories() -> None:
-    assert load_factory("spec") == SpecCache.create
-    assert load_factory("impl") == BlockManager.create
+    # create_cache / create_manager: SpecCache / BlockManager, or the hybrid ones for --groups
+    assert load_factory("spec") == create_cache
+    assert load_factory("impl") == create_manager
     assert load_factory("pagedprefix.spec:SpecCache.create") == SpecCache.create
     for bad, phrase in (("nonsense", "expected one of impl, radix, sglang, sglang-unified, spec, vllm"),
                         ("no_such_module_xyz:f", "cannot import"),

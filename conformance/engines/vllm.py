@@ -79,6 +79,31 @@ Mapping decisions
   it), so ``input_errors=False``; the adapter raises ``UnknownRequest`` / ``DuplicateRequest`` only
   because it must find the ``Request`` object it keeps per id.
 
+Hybrid KV-cache groups (SEMANTICS.md section 8)
+-----------------------------------------------
+A config with hybrid ``groups`` gets :class:`VllmHybridAdapter`: one ``KVCacheGroupSpec`` per group
+(``FullAttentionSpec``, ``SlidingWindowSpec(sliding_window=W)``, ``ChunkedLocalAttentionSpec(
+attention_chunk_size=C)``, each with its own ``block_size``), so ``KVCacheManager`` builds vLLM's
+``HybridKVCacheCoordinator`` (``get_kv_cache_coordinator``: more than one group) over one
+``BlockPool``. ``scheduler_block_size = A = lcm(B_g)``, ``hash_block_size = h = gcd(B_g)``, the block
+hasher ``get_request_block_hasher(h, hash_fn)``; retention maps to
+``KVCacheConfig.prefix_cache_retention_interval`` (``replay`` -> ``0``, vLLM's default;
+``dense`` -> ``None``); ``free`` is ``KVCacheCoordinator.free``, group-major whatever the config
+says (``group_free_order="group_major"``: the scheduler's deferred-free path is not driven).
+Tables: ``get_block_ids(id)``, one list per group, the null block (vLLM id 0) reported as ``None``
+and every other id as ``id - 1``. ``allocate`` / ``append`` / ``free`` / ``lookup`` are the calls
+above, and ``allocate`` stores the junction ``get_computed_blocks`` returns in
+``request.shared_prefix_boundary`` before ``allocate_slots``, as vLLM's scheduler does
+(``Scheduler.schedule``), so that ``cache_blocks`` retains it (``allocate_slots`` runs
+``remove_skipped_blocks`` first, on ``num_computed_tokens``, which the adapter sets to the
+request's length after each call, so the settled length of a decode is the previous length, as in
+the spec). ``new_step`` =
+``KVCacheManager.new_step_starts()``. Mamba groups are not declared: vLLM materialises a recurrent
+state only at the end of a scheduler step on a block boundary, and its replay-boundary checkpoint
+exists only because its scheduler splits the prefill there (``_mamba_block_aligned_split``, in the
+scheduler, not in the manager this adapter drives); driving the manager with one prefill per
+admission gives vLLM no point to write it, so a Mamba verdict would judge the adapter, not vLLM.
+
 KV-cache events (``vllm_with_events``, ``--engine vllm-events``)
 -----------------------------------------------------------------
 ``KVCacheManager(enable_kv_cache_events=True)``: ``BlockPool`` queues vLLM's own
@@ -129,12 +154,18 @@ from pagedprefix.spec import (
     CacheConfig,
     DuplicateRequest,
     Extras,
+    HybridAllocation,
+    HybridAppendResult,
     OutOfBlocks,
     RequestId,
     UnknownRequest,
+    hash_granularity,
+    hit_alignment,
+    is_hybrid,
 )
 from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, EventBatch, GroupKey
 from pagedprefix.spec.extras import TAG_LORA, ExtraField
+from pagedprefix.spec.hybrid import config_groups
 
 from ..event_check import UNTAGGED
 from ..protocol import AdapterBase, Capabilities, UnsupportedConfig
@@ -318,6 +349,10 @@ CAPABILITIES = Capabilities(
     weak_hash=False,
     verify_tokens=False,
     spells_extras=False,
+    groups=frozenset({"full", "sliding", "chunked"}),
+    retention="replay",
+    group_free_order="group_major",
+    same_step_state="defer",
 )
 
 
@@ -327,8 +362,8 @@ class VllmAdapter(AdapterBase):
     capabilities = CAPABILITIES
 
     def __init__(self, config: CacheConfig, *, kv_events: bool = False) -> None:
-        if kv_events:
-            self.capabilities = replace(CAPABILITIES, events=True)
+        if kv_events:  # events are judged on the one full-attention group only (SEMANTICS.md 9)
+            self.capabilities = replace(CAPABILITIES, events=True, groups=frozenset())
         self.next_seq = 0
         algo = HASH_NAMES.get(config.hash_algo)
         if algo is None:
@@ -466,6 +501,14 @@ class VllmAdapter(AdapterBase):
     def free_blocks(self) -> tuple[int, ...]:
         return tuple(b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks())
 
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        """The one group's table (a hybrid config gets :class:`VllmHybridAdapter`)."""
+        return (self.block_table(request_id),)
+
+    def new_step(self) -> None:
+        """``KVCacheManager.new_step_starts()`` (a step boundary; vLLM defers same-step states)."""
+        self.manager.new_step_starts()
+
     def take_vllm_events(self) -> list[Any]:
         """vLLM's own KV-cache event objects since the last call (``KVCacheManager.take_events``;
         only with ``kv_events=True``). They carry no sequence numbers: vLLM's publisher numbers
@@ -539,8 +582,120 @@ def untagged_bytes(value: object) -> bytes:
     return repr(value).encode("utf-8")
 
 
+class VllmHybridAdapter(VllmAdapter):
+    """vLLM's ``HybridKVCacheCoordinator`` over one pool, for a config with hybrid groups (module
+    docstring, "Hybrid KV-cache groups")."""
+
+    def __init__(self, config: CacheConfig, *, kv_events: bool = False) -> None:
+        algo = HASH_NAMES.get(config.hash_algo)
+        if algo is None:
+            raise UnsupportedConfig(f"vLLM has no counterpart of hash_algo={config.hash_algo!r}")
+        groups = config_groups(config)
+        if any(g.kind == "mamba" for g in groups):
+            raise UnsupportedConfig("Mamba groups are not driven (module docstring)")
+        mods = loaded().modules
+        torch = __import__("torch")
+        iface = mods["vllm.v1.kv_cache_interface"]
+        utils = mods["vllm.v1.core.kv_cache_utils"]
+        self._req_mod = mods["vllm.v1.request"]
+        self._lora_cls = mods["vllm.lora.request"].LoRARequest
+        self._sampling_cls = mods["vllm.sampling_params"].SamplingParams
+        self.groups = groups
+        self._utils = utils
+        self.next_seq = 0
+        self.block_size = hash_granularity(groups)
+        self.align = hit_alignment(groups)
+        self.num_blocks = config.num_blocks
+        specs = []
+        for i, g in enumerate(groups):
+            common = {"block_size": g.block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+            if g.kind == "sliding":
+                spec = iface.SlidingWindowSpec(sliding_window=g.window, **common)
+            elif g.kind == "chunked":
+                spec = iface.ChunkedLocalAttentionSpec(attention_chunk_size=g.chunk, **common)
+            else:
+                spec = iface.FullAttentionSpec(**common)
+            specs.append(iface.KVCacheGroupSpec([f"model.layers.{i}.self_attn"], spec))
+        kv_cache_config = iface.KVCacheConfig(
+            num_blocks=config.num_blocks + 1,
+            kv_cache_tensors=[],
+            kv_cache_groups=specs,
+            prefix_cache_retention_interval=0 if config.retention == "replay" else None,
+        )
+        self.manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
+            kv_cache_config,
+            max_model_len=MAX_MODEL_LEN,
+            scheduler_block_size=self.align,
+            hash_block_size=self.block_size,
+            enable_caching=True,
+            log_stats=False,
+            enable_kv_cache_events=kv_events,
+        )
+        self.pool = self.manager.block_pool
+        hash_fn = mods["vllm.utils.hashing"].get_hash_fn_by_name(algo)
+        utils.init_none_hash(hash_fn)
+        self._hasher = utils.get_request_block_hasher(self.block_size, hash_fn)
+        self.requests = {}
+        # The retention follows the config (prefix_cache_retention_interval); the free order is
+        # KVCacheCoordinator.free's group-major one whatever the config says (vLLM's
+        # reversed-concatenated order is the scheduler's deferred-free path, not driven here).
+        self.capabilities = replace(CAPABILITIES, retention=config.retention, group_free_order="group_major")
+
+    def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
+        return tuple(tuple(None if b == 0 else b - 1 for b in t) for t in self.manager.get_block_ids(vid))
+
+    def _table(self, vid: str) -> tuple[int, ...]:
+        return tuple(b for b in self._tables(vid)[0] if b is not None)
+
+    def _hybrid_out_of_blocks(self, request: Any) -> OutOfBlocks:
+        total = sum(-(-request.num_tokens // g.block_size) for g in self.groups)
+        free = self.pool.get_num_free_blocks()
+        return OutOfBlocks(
+            None, free, self.num_blocks, total, message=f"vLLM's allocate_slots refused ({free} blocks free)"
+        )
+
+    def allocate(  # type: ignore[override]
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> HybridAllocation:
+        vid = vllm_request_id(request_id)
+        if vid in self.requests:
+            raise DuplicateRequest(f"request {request_id!r} is live")
+        request = self._request(vid, tokens, extras)
+        # The scheduler stores the junction get_computed_blocks returns on the request
+        # (Scheduler.schedule: request.shared_prefix_boundary); cache_blocks retains it.
+        hit_blocks, hit, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
+        new_blocks = self.manager.allocate_slots(
+            request, request.num_tokens - hit, hit, hit_blocks, full_sequence_must_fit=True
+        )
+        if new_blocks is None:
+            raise self._hybrid_out_of_blocks(request)
+        request.num_computed_tokens = request.num_tokens
+        request.status = self._req_mod.RequestStatus.RUNNING
+        self.requests[vid] = request
+        return HybridAllocation(int(hit), self._tables(vid))
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> HybridAppendResult:  # type: ignore[override]
+        vid, request = self._live(request_id)
+        all_ids, out_ids, hashes = request._all_token_ids, request._output_token_ids, request.block_hashes
+        n_all, n_out, n_hashes = len(all_ids), len(out_ids), len(hashes)
+        request.append_output_token_ids(list(tokens))
+        if self.manager.allocate_slots(request, len(tokens)) is None:
+            error = self._hybrid_out_of_blocks(request)
+            del all_ids[n_all:], out_ids[n_out:], hashes[n_hashes:]
+            raise error
+        request.num_computed_tokens = request.num_tokens
+        return HybridAppendResult((), self._tables(vid))
+
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        vid, _ = self._live(request_id)
+        return self._tables(vid)
+
+
 def vllm(config: CacheConfig) -> VllmAdapter:
-    """The conformance factory: ``pagedprefix conform --engine pagedprefix.conformance.engines.vllm:vllm``."""
+    """The conformance factory: ``pagedprefix conform --engine pagedprefix.conformance.engines.vllm:vllm``
+    (a hybrid config gets :class:`VllmHybridAdapter`)."""
+    if is_hybrid(config.groups, config.block_size):
+        return VllmHybridAdapter(config)
     return VllmAdapter(config)
 
 

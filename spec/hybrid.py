@@ -1,0 +1,814 @@
+"""The executable specification of hybrid KV-cache groups over one pool (SEMANTICS.md section 8).
+
+:class:`HybridSpecCache` is the oracle for a :class:`~pagedprefix.spec.cache.CacheConfig` whose
+``groups`` are more than the one full-attention group (``pagedprefix.spec.create_cache`` picks it).
+Like :class:`~pagedprefix.spec.cache.SpecCache` it favours obviousness over speed (keys recomputed
+from scratch, lists scanned) and checks everything that can fail before changing anything. The
+group arithmetic (need sets, boundaries) is :mod:`pagedprefix.spec.groups`.
+
+The rules, each mirroring vLLM 0.33.0 (HYBRID.md section 7.1):
+
+- **Keys.** One parent chain at ``h = gcd(B_g)`` with per-``h``-block extras (salt in fine block 0
+  only). Entry ``j`` of group ``g`` is keyed by the chain digest at fine index
+  ``(j + 1) * B_g / h - 1``, tagged with ``g`` (``spec/keys.py``, ``group_key``).
+- **Tables.** One position-indexed table per group per request; ``None`` marks an entry that is
+  not held (skipped by a hit, released, or a state never materialised).
+- **Lookup.** ``L`` is the largest multiple of ``A = lcm(B_g)``, at most ``len - 1``, valid in
+  every group: every entry of ``need_g(L)`` is cached (full: ``0 .. L/B - 1``; sliding: the
+  ``ceil((W - 1) / B)`` entries ending at ``L``, or all from 0 when the window reaches the start;
+  chunked: the current chunk's entries; mamba: a state keyed at exactly ``L``). Each of vLLM's
+  finders returns the largest length at most its input valid for its group, so
+  ``HybridKVCacheCoordinator.find_longest_cache_hit``'s fixpoint iteration ends exactly there:
+  this is that fixpoint, computed by scanning the candidates downward. Groups with equal specs are
+  looked up jointly (vLLM's ``get_cached_block(hash, group_ids)``) because each must be valid.
+- **Admission.** The hit holds real blocks only in each group's need set at ``L`` (``None``
+  below it) and touches only those. Capacity is summed over groups: attention groups need
+  ``ceil(P / B_g) - L / B_g`` new blocks, a Mamba group one running-state block plus one per
+  checkpoint it materialises; evictable hits count against it. Every group's hits are touched
+  before any block is popped (PR #44409); groups then pop in group order, entries in position
+  order. All-or-nothing.
+- **Registration and retention.** Full and chunked groups key every full block up to
+  ``floor(computed / A) * A``. Sliding and Mamba groups key the need sets of the retention
+  policy's boundaries: ``replay`` (default) the replay boundary ``floor((P - 1) / A) * A`` and the
+  *junction* (the full-attention groups' hit length, rounded down to ``A``, when it exceeds ``L``),
+  at admission only; ``dense`` every ``A``-multiple up to ``computed``. The state at boundary ``b``
+  lives in Mamba entry ``b / B - 1``: when the request holds that entry its block is keyed,
+  otherwise a *checkpoint* block is popped, keyed and released (keyed, evictable) at the end of the
+  operation (reported in ``checkpoints``).
+- **Publication of recurrent state.** Mamba keys registered since the last :meth:`new_step` are
+  pending: an admission whose hit would use one raises :class:`~pagedprefix.spec.errors.Deferred`
+  (nothing changes); a :meth:`lookup` counts them (it says what the index holds); freeing the
+  producer before :meth:`new_step` drops its pending keys (the abort case). Attention keys are
+  visible at once.
+- **Decode.** :meth:`append` first releases, with the previous length as the settled length,
+  every entry wholly outside each group's need set (group order, newest first; ``free_order``
+  decides head or tail). That release stands even when the allocation is then refused with
+  ``OutOfBlocks`` (vLLM's ``allocate_slots`` does the same: those entries were outside the need
+  set anyway) — the one stated exception to "a failed operation changes nothing". Copy-on-write of
+  a shared partial last block applies to full, sliding and chunked groups; a Mamba running state
+  that moves to a new entry leaves its old block (the copy source) held until the next append.
+- **fork** shares every entry except each Mamba running state, which is copied into a new block
+  (reported as a copy); it raises ``OutOfBlocks`` when those blocks are not free.
+- **free** drops the request's pending keys, then releases by ``group_free_order``:
+  ``group_major`` (each table reversed, group by group) or ``reversed_concat``.
+- **Release batches.** Blocks released together — a group's out-of-window entries, a group's
+  checkpoints, a group's table on ``free`` (all tables at once under ``reversed_concat``) — join the
+  free_block_queue as one batch, as vLLM's ``BlockPool.free_blocks`` does: unkeyed ones (under
+  ``unhashed_to_head``) prepended in release order, so the first released is popped first; keyed
+  ones appended in release order.
+
+Left out (SEMANTICS.md section 8): EAGLE/MTP lookahead, partial (sub-``A``) hits, retention
+intervals > 0, connectors, chunked prefill, page-size unification; and, in this spec,
+``dedup_on_full`` and ``verify_tokens`` with hybrid groups (``InvalidConfig``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .cache import (
+    CacheConfig,
+    RequestId,
+    check_block_id,
+    check_config,
+    check_key,
+    check_request_id,
+    check_tokens,
+    request_sort_key,
+    resolve_seed,
+)
+from .errors import Deferred, DuplicateRequest, OutOfBlocks, UnknownRequest, safe_repr
+from .extras import NO_EXTRAS, Extras, check_extras
+from .groups import (
+    Groups,
+    cacheable,
+    dense_boundaries,
+    full,
+    hash_granularity,
+    hit_alignment,
+    need_set,
+    num_entries,
+    replay_boundary,
+)
+from .keys import chain_keys, group_key, hash_function, key_group, root_key
+from .limits import check_memory
+
+HYBRID_SPEC_BYTES_PER_BLOCK = 160
+"""Bytes an empty :class:`HybridSpecCache` pool takes per block (a slotted ``HybridBlock``, its
+list entry and its free_block_queue entry), the estimate :meth:`HybridSpecCache.create` checks."""
+
+Table = list[int | None]
+Tables = tuple[tuple[int | None, ...], ...]
+Content = tuple[tuple[int, ...], Extras]
+"""What a keyed block stands for: the prefix tokens its key ends and the request's extras."""
+Checkpoint = tuple[int, int, int]
+"""``(group, num_tokens, block)``: a block that received the recurrent state after ``num_tokens``
+tokens and was released, keyed, at the end of the operation."""
+
+
+@dataclass(slots=True)
+class HybridBlock:
+    """A physical block: its ref_cnt, its group key once keyed, and the prefix that key stands for."""
+
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+    content: Content | None = None
+
+
+@dataclass
+class HybridRequest:
+    """A live request: its tokens, extras and one position-indexed table per group."""
+
+    tokens: list[int]
+    extras: Extras
+    tables: list[Table]
+
+
+@dataclass(frozen=True)
+class HybridAllocation:
+    """Result of an admission: ``num_computed_tokens`` (a multiple of ``A``, the one resume point
+    of every group), the request's table per group (``None``: not held), and the checkpoints the
+    admission materialised and released."""
+
+    num_computed_tokens: int
+    block_tables: Tables
+    checkpoints: tuple[Checkpoint, ...] = ()
+
+
+@dataclass(frozen=True)
+class HybridAppendResult:
+    """Result of a decode step: copy-on-write copies ``(src, dst)`` to execute before the write,
+    the tables after the step, and the checkpoints materialised and released."""
+
+    copies: tuple[tuple[int, int], ...]
+    block_tables: Tables
+    checkpoints: tuple[Checkpoint, ...] = ()
+
+
+@dataclass(frozen=True)
+class ForkResult:
+    """Result of a fork: the copies ``(src, dst)`` of the Mamba running states (one per Mamba group)."""
+
+    copies: tuple[tuple[int, int], ...] = ()
+
+
+HybridRequestView = tuple[RequestId, tuple[int, ...], Extras, Tables]
+
+
+@dataclass(frozen=True)
+class HybridSnapshot:
+    """Every observable of a hybrid cache state (two snapshots are equal exactly when the states
+    are). ``pending`` lists ``(producer, block, key)`` in registration order."""
+
+    ref_cnt: tuple[int, ...]
+    block_hash: tuple[bytes | None, ...]
+    free_block_queue: tuple[int, ...]
+    cached: tuple[tuple[bytes, tuple[int, ...]], ...]
+    requests: tuple[HybridRequestView, ...]
+    pending: tuple[tuple[RequestId, int, bytes], ...]
+    num_evictions: int
+
+
+def config_groups(config: CacheConfig) -> Groups:
+    """The config's groups; ``None`` is the one full-attention group ``(full(block_size),)``."""
+    return config.groups if config.groups is not None else (full(config.block_size),)
+
+
+def frozen(tables: Sequence[Table]) -> Tables:
+    return tuple(tuple(t) for t in tables)
+
+
+@dataclass
+class HybridSpecCache:
+    """The reference cache for hybrid groups. Build it with ``HybridSpecCache.create(config)``.
+
+    State: ``blocks``; ``cached`` (group key -> blocks holding it, insertion order, in-use and
+    evictable alike); ``free_block_queue`` (exactly the blocks with ref_cnt 0, head evicted first,
+    initially ``[0, 1, …, N-1]``); ``requests``; ``pending`` (Mamba keys registered since the last
+    :meth:`new_step`, with their producer).
+    """
+
+    config: CacheConfig
+    groups: Groups
+    hash_seed: int | None
+    root: bytes
+    blocks: list[HybridBlock]
+    cached: dict[bytes, list[int]] = field(default_factory=dict)
+    free_block_queue: list[int] = field(default_factory=list)
+    requests: dict[RequestId, HybridRequest] = field(default_factory=dict)
+    pending: list[tuple[RequestId, int, bytes]] = field(default_factory=list)
+    num_evictions: int = 0
+    num_pops: int = 0
+    """Blocks taken from the free_block_queue for new content since creation (a counter for
+    conformance's notion of eviction pressure; not part of the snapshot)."""
+
+    @classmethod
+    def create(cls, config: CacheConfig) -> HybridSpecCache:
+        """A cache with every block free, for any valid config (``groups=None`` is one full group
+        whose keys are group-tagged; ``create_cache`` builds :class:`SpecCache` for that one).
+
+        Raises :class:`InvalidConfig` (``check_config``, and a pool too large for memory).
+        """
+        check_config(config)
+        check_memory(config.num_blocks, HYBRID_SPEC_BYTES_PER_BLOCK, "the hybrid spec cache")
+        groups = config_groups(config)
+        seed = resolve_seed(config)
+        h = hash_granularity(groups)
+        return cls(
+            config=config,
+            groups=groups,
+            hash_seed=seed,
+            root=root_key(config.hash_algo, h, config.namespace, seed),
+            blocks=[HybridBlock() for _ in range(config.num_blocks)],
+            free_block_queue=list(range(config.num_blocks)),
+        )
+
+    @property
+    def h(self) -> int:
+        """The hash granularity ``gcd(B_g)``."""
+        return hash_granularity(self.groups)
+
+    @property
+    def align(self) -> int:
+        """The hit alignment ``A = lcm(B_g)``."""
+        return hit_alignment(self.groups)
+
+    # ----- keys -----------------------------------------------------------------------------
+
+    def fine_keys(self, tokens: Sequence[int], extras: Extras) -> list[bytes]:
+        """The fine chain: keys of the full ``h``-blocks of ``tokens`` (validated input)."""
+        hash_fn = hash_function(self.config.hash_algo, self.hash_seed)
+        return chain_keys(hash_fn, self.root, tokens, extras, self.h)
+
+    def entry_key(self, fine: Sequence[bytes], g: int, j: int) -> bytes:
+        """The key of entry ``j`` of group ``g``: the fine digest ending that entry, tagged ``g``."""
+        return group_key(g, fine[(j + 1) * self.groups[g].block_size // self.h - 1])
+
+    def group_keys(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> list[list[bytes]]:
+        """Per group, the keys of the full entries of ``tokens``. Changes nothing.
+
+        Raises :class:`InvalidTokens`, :class:`InvalidExtras`.
+        """
+        token_list = check_tokens(tokens)
+        check_extras(extras, len(token_list))
+        fine = self.fine_keys(token_list, extras)
+        return [
+            [self.entry_key(fine, g, j) for j in range(len(token_list) // group.block_size)]
+            for g, group in enumerate(self.groups)
+        ]
+
+    # ----- the cached index -----------------------------------------------------------------
+
+    def _is_pending(self, b: int) -> bool:
+        return any(pb == b for _, pb, _ in self.pending)
+
+    def _find_cached(self, key: bytes, published_only: bool = False) -> int | None:
+        """The earliest inserted block holding ``key`` (only published ones when asked)."""
+        for b in self.cached.get(key, []):
+            if not published_only or not self._is_pending(b):
+                return b
+        return None
+
+    def _valid(self, fine: Sequence[bytes], g: int, length: int) -> bool:
+        """Whether a hit of ``length`` tokens is valid for group ``g``: its need set is cached."""
+        return all(self.entry_key(fine, g, j) in self.cached for j in need_set(self.groups[g], length))
+
+    def _longest_valid(self, fine: Sequence[bytes], num_tokens: int, groups: Iterable[int]) -> int:
+        """The largest multiple of ``A`` at most ``num_tokens - 1`` valid in each of ``groups``
+        (0 always is)."""
+        chosen = list(groups)
+        for length in range(replay_boundary(num_tokens, self.align), 0, -self.align):
+            if all(self._valid(fine, g, length) for g in chosen):
+                return length
+        return 0
+
+    def _hit_length(self, fine: Sequence[bytes], num_tokens: int) -> int:
+        """``L``: the longest hit valid in every group (the fixpoint of vLLM's finders)."""
+        return self._longest_valid(fine, num_tokens, range(len(self.groups)))
+
+    def _junction(self, fine: Sequence[bytes], num_tokens: int, hit: int) -> int | None:
+        """Under ``replay``: the full-attention groups' hit length (rounded down to ``A``) when it
+        exceeds ``hit`` — the boundary the admission also retains; ``None`` otherwise."""
+        fulls = [g for g, group in enumerate(self.groups) if group.kind == "full"]
+        if self.config.retention != "replay" or not fulls:
+            return None
+        longest = self._longest_valid(fine, num_tokens, fulls)
+        return longest if longest > hit else None
+
+    def _hit_table(self, fine: Sequence[bytes], g: int, hit: int) -> Table:
+        """Group ``g``'s table entries below ``hit``: the cached blocks of its need set (for a
+        Mamba state, a published copy when there is one), ``None`` elsewhere."""
+        group = self.groups[g]
+        table: Table = [None] * (hit // group.block_size)
+        for j in need_set(group, hit):
+            table[j] = self._find_cached(self.entry_key(fine, g, j), published_only=group.kind == "mamba")
+        return table
+
+    def _deferred(self, fine: Sequence[bytes], hit: int) -> bool:
+        """Whether the hit would use a Mamba state none of whose copies is published yet."""
+        for g, group in enumerate(self.groups):
+            if group.kind == "mamba":
+                for j in need_set(group, hit):
+                    if self._find_cached(self.entry_key(fine, g, j), published_only=True) is None:
+                        return True
+        return False
+
+    # ----- the free_block_queue -------------------------------------------------------------
+
+    def _touch(self, b: int) -> None:
+        """One more reference to ``b``; an evictable block leaves the free_block_queue."""
+        if self.blocks[b].ref_cnt == 0:
+            self.free_block_queue.remove(b)
+        self.blocks[b].ref_cnt += 1
+
+    def _unkey(self, b: int) -> None:
+        """Drop block ``b``'s key (and its pending entry) from the index."""
+        key = self.blocks[b].block_hash
+        assert key is not None
+        self.cached[key].remove(b)
+        if not self.cached[key]:
+            del self.cached[key]
+        self.blocks[b].block_hash = None
+        self.blocks[b].content = None
+        self.pending = [p for p in self.pending if p[1] != b]
+
+    def _pop_free(self) -> int:
+        """Take the head of the free_block_queue for new content, evicting its key if it has one."""
+        b = self.free_block_queue.pop(0)
+        self.num_pops += 1
+        assert self.blocks[b].ref_cnt == 0
+        if self.blocks[b].block_hash is not None:
+            self._unkey(b)
+            self.num_evictions += 1
+        self.blocks[b].ref_cnt = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        """One reference fewer; at 0 the block joins the free_block_queue: at the tail, or at the
+        head when it has no key and ``free_order == "unhashed_to_head"``."""
+        assert self.blocks[b].ref_cnt >= 1
+        self.blocks[b].ref_cnt -= 1
+        if self.blocks[b].ref_cnt > 0:
+            return
+        if self.blocks[b].block_hash is None and self.config.free_order == "unhashed_to_head":
+            self.free_block_queue.insert(0, b)
+        else:
+            self.free_block_queue.append(b)
+
+    def _release_batch(self, blocks: Sequence[int]) -> None:
+        """Release blocks that leave together (one ``BlockPool.free_blocks`` call in vLLM: a
+        group's window entries, a group's table on ``free``): each one reference fewer; those
+        reaching 0 join the queue as one batch, in order — the unkeyed ones (under
+        ``unhashed_to_head``) at the head, so the first released is popped first, the others at the
+        tail. A batch of one is :meth:`_release`; the single-group cache never releases two unkeyed
+        blocks at once, so the two readings of "goes to the head" agree there."""
+        head: list[int] = []
+        tail: list[int] = []
+        for b in blocks:
+            assert self.blocks[b].ref_cnt >= 1
+            self.blocks[b].ref_cnt -= 1
+            if self.blocks[b].ref_cnt == 0:
+                unkeyed = self.blocks[b].block_hash is None
+                (head if unkeyed and self.config.free_order == "unhashed_to_head" else tail).append(b)
+        self.free_block_queue[:0] = head
+        self.free_block_queue.extend(tail)
+
+    def _register(
+        self, rid: RequestId, request: HybridRequest, fine: Sequence[bytes], g: int, j: int
+    ) -> None:
+        """Key entry ``j`` of group ``g`` (held, not keyed yet); a Mamba key is pending."""
+        b = request.tables[g][j]
+        assert b is not None and self.blocks[b].block_hash is None
+        key = self.entry_key(fine, g, j)
+        end = (j + 1) * self.groups[g].block_size
+        self.blocks[b].block_hash = key
+        self.blocks[b].content = (tuple(request.tokens[:end]), request.extras)
+        self.cached.setdefault(key, []).append(b)
+        if self.groups[g].kind == "mamba":
+            self.pending.append((rid, b, key))
+
+    # ----- what each group keys and pops ------------------------------------------------------
+
+    def _admission_boundaries(self, num_tokens: int, hit: int, junction: int | None) -> list[int]:
+        """Boundaries a sliding or Mamba group keys at admission, beyond the hit: ``dense`` every
+        ``A``-multiple up to ``floor(P / A) * A``; ``replay`` the replay boundary and the junction."""
+        if self.config.retention == "dense":
+            return list(dense_boundaries(hit, cacheable(num_tokens, self.align), self.align))
+        found = {replay_boundary(num_tokens, self.align)}
+        if junction is not None:
+            found.add(junction)
+        return sorted(b for b in found if b > hit)
+
+    def _decode_boundaries(self, old_len: int, new_len: int) -> list[int]:
+        """Boundaries a decode from ``old_len`` to ``new_len`` reaches: ``dense`` only (under
+        ``replay`` no reachable boundary lies in decoded tokens)."""
+        if self.config.retention == "dense":
+            return list(dense_boundaries(old_len, new_len, self.align))
+        return []
+
+    def _keyed_entries(self, g: int, settled: int, now: int, boundaries: Sequence[int]) -> list[int]:
+        """Entries of group ``g`` to key once ``now`` tokens are settled (``settled`` were before):
+        full and chunked groups every full entry between the two cacheable lengths; sliding and
+        Mamba groups the need sets of ``boundaries``. Position order."""
+        group = self.groups[g]
+        B = group.block_size
+        if group.kind in ("full", "chunked"):
+            return list(range(cacheable(settled, self.align) // B, cacheable(now, self.align) // B))
+        return sorted({j for b in boundaries for j in need_set(group, b)})
+
+    def _state_entries(self, g: int, boundaries: Sequence[int]) -> list[int]:
+        """The entries holding the states of ``boundaries`` in a Mamba group (entry ``b / B - 1``
+        holds the state after ``b`` tokens); none for another kind."""
+        group = self.groups[g]
+        if group.kind != "mamba":
+            return []
+        return [b // group.block_size - 1 for b in boundaries]
+
+    def _register_all(
+        self,
+        rid: RequestId,
+        request: HybridRequest,
+        fine: Sequence[bytes],
+        settled: int,
+        boundaries: Sequence[int],
+    ) -> None:
+        """Key, group by group in position order, every held entry :meth:`_keyed_entries` names
+        that has no key yet (hits and earlier registrations already have theirs)."""
+        now = len(request.tokens)
+        for g in range(len(self.groups)):
+            for j in self._keyed_entries(g, settled, now, boundaries):
+                b = request.tables[g][j]
+                assert b is not None, "a keyed entry is always held"
+                if self.blocks[b].block_hash is None:
+                    self._register(rid, request, fine, g, j)
+
+    def _checkpoints(self, popped: Sequence[Sequence[int]], num_tokens: int) -> list[list[int]]:
+        """Of the entries an operation popped, per group, the Mamba checkpoints: every popped Mamba
+        entry but the running state of ``num_tokens`` tokens."""
+        out: list[list[int]] = []
+        for g, entries in enumerate(popped):
+            group = self.groups[g]
+            running = num_entries(group, num_tokens) - 1
+            out.append([j for j in entries if j != running] if group.kind == "mamba" else [])
+        return out
+
+    def _release_checkpoints(
+        self, request: HybridRequest, popped: Sequence[Sequence[int]]
+    ) -> tuple[Checkpoint, ...]:
+        """Release the checkpoint entries ``popped[g]`` (keyed, evictable), newest first, one batch
+        per group; their entries become ``None``. Returns them as ``(group, num_tokens, block)``."""
+        out: list[Checkpoint] = []
+        for g, entries in enumerate(popped):
+            batch: list[int] = []
+            for j in sorted(entries, reverse=True):
+                b = request.tables[g][j]
+                assert b is not None
+                request.tables[g][j] = None
+                batch.append(b)
+                out.append((g, (j + 1) * self.groups[g].block_size, b))
+            self._release_batch(batch)
+        return tuple(sorted(out))
+
+    # ----- checks shared by operations --------------------------------------------------------
+
+    def _check_new_id(self, request_id: object) -> RequestId:
+        rid = check_request_id(request_id)
+        if rid in self.requests:
+            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
+        return rid
+
+    def _check_live_id(self, request_id: object) -> tuple[RequestId, HybridRequest]:
+        rid = check_request_id(request_id)
+        request = self.requests.get(rid)
+        if request is None:
+            raise UnknownRequest(f"request {safe_repr(rid)} is not live")
+        return rid, request
+
+    def _total_blocks(self, num_tokens: int) -> int:
+        """Blocks a request of ``num_tokens`` occupies with no hit (for ``never_fits``)."""
+        return sum(1 if g.kind == "mamba" else num_entries(g, num_tokens) for g in self.groups)
+
+    def _available(self, hits: Iterable[int | None]) -> int:
+        """Free blocks minus the distinct evictable blocks among ``hits`` (``spec.arith.capacity``)."""
+        evictable = {b for b in hits if b is not None and self.blocks[b].ref_cnt == 0}
+        return len(self.free_block_queue) - len(evictable)
+
+    # ----- operations ---------------------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+        """``num_computed_tokens`` an admission of ``tokens`` would get now (pending Mamba states
+        count: the admission would then raise ``Deferred``). Changes nothing.
+
+        Raises :class:`InvalidTokens`, :class:`InvalidExtras`.
+        """
+        token_list = check_tokens(tokens)
+        check_extras(extras, len(token_list))
+        return self._hit_length(self.fine_keys(token_list, extras), len(token_list))
+
+    def _admission_entries(self, g: int, n: int, hit: int, boundaries: Sequence[int]) -> list[int]:
+        """Entries of group ``g`` an admission pops blocks for, in position order: an attention
+        group every entry from the hit on; a Mamba group its checkpoints and its running state."""
+        group = self.groups[g]
+        last = num_entries(group, n) - 1
+        if group.kind != "mamba":
+            return list(range(hit // group.block_size, last + 1))
+        return sorted(set(self._state_entries(g, boundaries)) | {last})
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> HybridAllocation:
+        """Admit a request (module docstring): touch every group's hits, pop new blocks and
+        checkpoints group by group, key per retention, release the checkpoints.
+
+        Raises, first applicable wins: :class:`InvalidRequestId`, :class:`DuplicateRequest`,
+        :class:`InvalidTokens`, :class:`InvalidExtras`, :class:`Deferred`, :class:`OutOfBlocks`.
+        On error nothing changes.
+        """
+        rid = self._check_new_id(request_id)
+        token_list = check_tokens(tokens)
+        check_extras(extras, len(token_list))
+        n = len(token_list)
+        fine = self.fine_keys(token_list, extras)
+        hit = self._hit_length(fine, n)
+        if self._deferred(fine, hit):
+            raise Deferred(f"the hit of {hit} tokens uses a recurrent state keyed in this step")
+        boundaries = self._admission_boundaries(n, hit, self._junction(fine, n, hit))
+        tables = [self._hit_table(fine, g, hit) for g in range(len(self.groups))]
+        popped = [self._admission_entries(g, n, hit, boundaries) for g in range(len(self.groups))]
+        need = sum(len(entries) for entries in popped)
+        available = self._available(b for t in tables for b in t)
+        if need > available:
+            raise OutOfBlocks(need, available, self.config.num_blocks, self._total_blocks(n))
+
+        for table in tables:
+            for b in table:
+                if b is not None:
+                    self._touch(b)
+        for g, entries in enumerate(popped):
+            tables[g].extend([None] * (num_entries(self.groups[g], n) - len(tables[g])))
+            for j in entries:
+                tables[g][j] = self._pop_free()
+        request = HybridRequest(token_list, extras, tables)
+        self.requests[rid] = request
+        self._register_all(rid, request, fine, hit, boundaries)
+        released = self._release_checkpoints(request, self._checkpoints(popped, n))
+        return HybridAllocation(hit, frozen(tables), released)
+
+    def _release_skipped(self, request: HybridRequest, settled: int) -> None:
+        """Release every held entry wholly outside each group's need set at ``settled`` tokens,
+        group by group, newest first, one batch per group (vLLM ``remove_skipped_blocks``)."""
+        for g, group in enumerate(self.groups):
+            table = request.tables[g]
+            if group.kind == "mamba":
+                outside = [j for j in range(len(table)) if j not in need_set(group, settled)]
+            else:
+                outside = list(range(need_set(group, settled).start))
+            batch: list[int] = []
+            for j in reversed(outside):
+                b = table[j]
+                if b is not None:
+                    table[j] = None
+                    batch.append(b)
+            self._release_batch(batch)
+
+    def _needs_cow(self, request: HybridRequest, g: int) -> bool:
+        """Whether the next write of attention group ``g`` goes to a shared partial last block."""
+        group = self.groups[g]
+        n = len(request.tokens)
+        if group.kind == "mamba" or n % group.block_size == 0:
+            return False
+        last = request.tables[g][-1]
+        return last is not None and self.blocks[last].ref_cnt > 1
+
+    def _decode_entries(
+        self, request: HybridRequest, g: int, new_len: int, boundaries: Sequence[int]
+    ) -> list[int]:
+        """Entries of group ``g`` a decode to ``new_len`` pops blocks for, in position order: an
+        attention group its new entries; a Mamba group the entries of the states it must hold
+        that it does not hold yet (checkpoints, and the running state when it moves)."""
+        group = self.groups[g]
+        old, new = num_entries(group, len(request.tokens)), num_entries(group, new_len)
+        if group.kind != "mamba":
+            return list(range(old, new))
+        wanted = set(self._state_entries(g, boundaries)) | {new - 1}
+        return sorted(j for j in wanted if j >= len(request.tables[g]) or request.tables[g][j] is None)
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> HybridAppendResult:
+        """Extend a request by decoded ``tokens`` (module docstring): release each group's entries
+        outside its need set at the previous length (this stands even on ``OutOfBlocks``), copy
+        shared partial last blocks on write, pop new blocks and checkpoints, key per retention.
+
+        Raises :class:`InvalidRequestId`, :class:`UnknownRequest`, :class:`InvalidTokens`,
+        :class:`OutOfBlocks` (after the release).
+        """
+        rid, request = self._check_live_id(request_id)
+        token_list = check_tokens(tokens)
+        old_len = len(request.tokens)
+        new_len = old_len + len(token_list)
+        self._release_skipped(request, old_len)
+        boundaries = self._decode_boundaries(old_len, new_len)
+        cows = [self._needs_cow(request, g) for g in range(len(self.groups))]
+        popped = [self._decode_entries(request, g, new_len, boundaries) for g in range(len(self.groups))]
+        need = sum(cows) + sum(len(entries) for entries in popped)
+        if need > len(self.free_block_queue):
+            total = self._total_blocks(new_len)
+            raise OutOfBlocks(need, len(self.free_block_queue), self.config.num_blocks, total)
+
+        copies: list[tuple[int, int]] = []
+        for g, group in enumerate(self.groups):
+            table = request.tables[g]
+            if cows[g]:
+                src = table[-1]
+                assert src is not None
+                dst = self._pop_free()
+                self.blocks[src].ref_cnt -= 1
+                table[-1] = dst
+                copies.append((src, dst))
+            table.extend([None] * (num_entries(group, new_len) - len(table)))
+            for j in popped[g]:
+                table[j] = self._pop_free()
+        request.tokens.extend(token_list)
+        fine = self.fine_keys(request.tokens, request.extras)
+        self._register_all(rid, request, fine, old_len, boundaries)
+        released = self._release_checkpoints(request, self._checkpoints(popped, new_len))
+        return HybridAppendResult(tuple(copies), frozen(request.tables), released)
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult:
+        """The child shares every held entry of the parent (``ref_cnt += 1``) except each Mamba
+        running state, which is copied into a new block (a running state is never shared).
+
+        Raises :class:`InvalidRequestId`, :class:`UnknownRequest` (parent), then
+        :class:`InvalidRequestId`, :class:`DuplicateRequest` (child), then :class:`OutOfBlocks`
+        (one free block per Mamba group).
+        """
+        _, parent = self._check_live_id(parent_id)
+        child = self._check_new_id(child_id)
+        mambas = [g for g, group in enumerate(self.groups) if group.kind == "mamba"]
+        if len(mambas) > len(self.free_block_queue):
+            raise OutOfBlocks(len(mambas), len(self.free_block_queue))
+
+        tables = [list(t) for t in parent.tables]
+        for g, table in enumerate(tables):
+            shared = table[:-1] if g in mambas else table
+            for b in shared:
+                if b is not None:
+                    self.blocks[b].ref_cnt += 1
+        copies: list[tuple[int, int]] = []
+        for g in mambas:
+            src = tables[g][-1]
+            assert src is not None
+            dst = self._pop_free()
+            tables[g][-1] = dst
+            copies.append((src, dst))
+        self.requests[child] = HybridRequest(list(parent.tokens), parent.extras, tables)
+        return ForkResult(tuple(copies))
+
+    def _drop_pending(self, rid: RequestId) -> None:
+        """Unkey the Mamba states ``rid`` produced since the last :meth:`new_step` (the abort case:
+        they may never have been written). The blocks keep their place in the queue."""
+        for producer, b, key in list(self.pending):
+            if producer == rid and self.blocks[b].block_hash == key:
+                self._unkey(b)
+
+    def free(self, request_id: RequestId) -> None:
+        """Drop the request's pending keys, then release its entries by ``group_free_order``
+        (``group_major``: group by group, each table reversed; ``reversed_concat``: the tables
+        concatenated in group order, reversed). Keys stay until eviction.
+
+        Raises :class:`InvalidRequestId`, :class:`UnknownRequest`.
+        """
+        rid, request = self._check_live_id(request_id)
+        del self.requests[rid]
+        self._drop_pending(rid)
+        if self.config.group_free_order == "group_major":  # one batch per group (coordinator.free)
+            batches = [[b for b in reversed(table) if b is not None] for table in request.tables]
+        else:  # one batch of every table concatenated and reversed (pop_blocks_for_free)
+            batches = [[b for b in reversed([b for table in request.tables for b in table]) if b is not None]]
+        for batch in batches:
+            self._release_batch(batch)
+
+    def new_step(self) -> None:
+        """A scheduler step boundary: the recurrent states keyed so far are written, so their keys
+        are published (no longer pending). Does nothing without a Mamba group."""
+        self.pending.clear()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every key, only when no block is in use; the free_block_queue order is kept.
+
+        Returns False and changes nothing while any block has ``ref_cnt > 0``.
+        """
+        if any(block.ref_cnt > 0 for block in self.blocks):
+            return False
+        self.cached.clear()
+        self.pending.clear()
+        for block in self.blocks:
+            block.block_hash = None
+            block.content = None
+        return True
+
+    # ----- observations -----------------------------------------------------------------------
+
+    def block_tables(self, request_id: RequestId) -> Tables:
+        """The request's table per group (``None``: not held). Raises :class:`InvalidRequestId`,
+        :class:`UnknownRequest`."""
+        return frozen(self._check_live_id(request_id)[1].tables)
+
+    def block_table(self, request_id: RequestId) -> tuple[int | None, ...]:
+        """Group 0's table (:meth:`block_tables` has them all)."""
+        return self.block_tables(request_id)[0]
+
+    def num_tokens(self, request_id: RequestId) -> int:
+        """Tokens the request holds. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
+        return len(self._check_live_id(request_id)[1].tokens)
+
+    def ref_cnt(self, block_id: int) -> int:
+        """Table entries pointing at a physical block. Raises :class:`InvalidBlockId`."""
+        return self.blocks[check_block_id(block_id, self.config.num_blocks)].ref_cnt
+
+    def block_hash(self, block_id: int) -> bytes | None:
+        """The group key of a physical block, or None. Raises :class:`InvalidBlockId`."""
+        return self.blocks[check_block_id(block_id, self.config.num_blocks)].block_hash
+
+    def block_group(self, block_id: int) -> int | None:
+        """The group whose tables (or whose key) hold the block; ``None`` for a free unkeyed block.
+        Raises :class:`InvalidBlockId`."""
+        b = check_block_id(block_id, self.config.num_blocks)
+        for request in self.requests.values():
+            for g, table in enumerate(request.tables):
+                if b in table:
+                    return g
+        key = self.blocks[b].block_hash
+        return None if key is None else key_group(key)
+
+    def num_free_blocks(self) -> int:
+        """Blocks with ``ref_cnt == 0`` (some may still be cached and hittable)."""
+        return len(self.free_block_queue)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        """The free_block_queue, head (evicted first) to tail."""
+        return tuple(self.free_block_queue)
+
+    def cached_blocks(self, key: bytes) -> tuple[int, ...]:
+        """Blocks holding the group key ``key``, in insertion order."""
+        plain = check_key(key)
+        return () if plain is None else tuple(self.cached.get(plain, []))
+
+    def pending_blocks(self) -> tuple[int, ...]:
+        """Blocks holding a Mamba key registered since the last :meth:`new_step`, in order."""
+        return tuple(b for _, b, _ in self.pending)
+
+    def request_ids(self) -> tuple[RequestId, ...]:
+        """Live request ids, ints first, each kind sorted."""
+        return tuple(sorted(self.requests, key=request_sort_key))
+
+    def orphans(self) -> int:
+        """Keyed blocks no lookup can reach because a sibling group's need-set block for the same
+        boundary is gone (HYBRID.md section 4.3; a diagnostic, not normative).
+
+        For every cached block whose prefix ends at a multiple of ``A`` (a boundary ``p`` some
+        lookup could resume at), the need sets ``K_g(p)`` of every group are looked up. A block is
+        *reachable* when its key is in the need sets of a boundary whose every group is cached;
+        it is an *orphan* when it is not reachable but lies in an intact own-group need set of a
+        boundary some sibling group lacks.
+        """
+        reachable: set[bytes] = set()
+        stranded: set[bytes] = set()
+        for tokens, extras in self._boundary_prefixes():
+            fine = self.fine_keys(tokens, extras)
+            per_group = [
+                [self.entry_key(fine, g, j) for j in need_set(group, len(tokens))]
+                for g, group in enumerate(self.groups)
+            ]
+            intact = [all(k in self.cached for k in keys) for keys in per_group]
+            for keys, ok in zip(per_group, intact):
+                if all(intact):
+                    reachable.update(keys)
+                elif ok:
+                    stranded.update(keys)
+        return sum(len(self.cached[k]) for k in stranded - reachable)
+
+    def _boundary_prefixes(self) -> list[Content]:
+        """The distinct prefixes of cached blocks that end at a multiple of ``A``."""
+        seen: dict[Content, None] = {}
+        for blocks in self.cached.values():
+            for b in blocks:
+                content = self.blocks[b].content
+                if content is not None and content[0] and len(content[0]) % self.align == 0:
+                    seen.setdefault(content, None)
+        return list(seen)
+
+    def snapshot(self) -> HybridSnapshot:
+        """Every observable of the current state (see :class:`HybridSnapshot`)."""
+        return HybridSnapshot(
+            ref_cnt=tuple(b.ref_cnt for b in self.blocks),
+            block_hash=tuple(b.block_hash for b in self.blocks),
+            free_block_queue=tuple(self.free_block_queue),
+            cached=tuple(sorted((k, tuple(v)) for k, v in self.cached.items())),
+            requests=tuple(
+                (rid, tuple(r.tokens), r.extras, frozen(r.tables))
+                for rid, r in sorted(self.requests.items(), key=lambda kv: request_sort_key(kv[0]))
+            ),
+            pending=tuple(self.pending),
+            num_evictions=self.num_evictions,
+        )

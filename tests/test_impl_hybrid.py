@@ -1,0 +1,71 @@
+"""The optimized HybridBlockManager against the hybrid spec, side by side.
+
+Every operation runs on a :class:`HybridSpecCache` and a :class:`HybridBlockManager` built from
+the same config (``hash_seed`` pinned for ``xxh3_128``, so both share a root) and must give the
+same result, or the same error type and message; after every operation the snapshots (ref counts,
+keys, the free_block_queue order, the index with its insertion order, every table with its
+physical ids, the pending recurrent states, the eviction count) must be equal and the manager's
+structures consistent; the orphan counts must agree. Configs and operations come from
+``tests/hybrid_support.py``: every group kind, block sizes whose gcd and lcm differ from each
+block size, short windows, small chunks, both retentions, both free orders, both group free
+orders, small pools (eviction and ``OutOfBlocks`` are common).
+
+``HYBRID_STATEFUL_EXAMPLES`` (an environment knob) runs a longer search than the ``ci`` profile.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hybrid_support import apply, hybrid_configs, next_op
+from hypothesis import settings
+from hypothesis import strategies as st
+from pagedprefix.impl import HybridBlockManager, create_manager
+from pagedprefix.spec import CacheConfig, HybridSpecCache, create_cache, full, sliding
+
+EXAMPLES = int(os.environ.get("HYBRID_STATEFUL_EXAMPLES", "0")) or None
+STEPS = int(os.environ.get("HYBRID_STATEFUL_STEPS", "50"))
+
+
+def run_side_by_side(data: st.DataObject, make_impl: Any = HybridBlockManager.create) -> None:
+    config = data.draw(hybrid_configs(), label="config")
+    spec = HybridSpecCache.create(config)
+    impl = make_impl(config)
+    for _ in range(STEPS):
+        op = next_op(data.draw, config, list(spec.requests))
+        want, want_err = apply(spec, op)
+        got, got_err = apply(impl, op)
+        assert type(got_err) is type(want_err), f"{op}: impl {got_err!r}, spec {want_err!r}"
+        if want_err is not None:
+            assert str(got_err) == str(want_err), op
+        assert got == want, f"{op}: impl {got}, spec {want}"
+        assert impl.snapshot() == spec.snapshot(), op
+        impl.check_integrity()
+        assert impl.num_pops == spec.num_pops
+    assert impl.orphans() == spec.orphans()
+    for rid in list(spec.requests):
+        spec.free(rid)
+        impl.free(rid)
+    assert impl.snapshot() == spec.snapshot()
+    assert impl.orphans() == spec.orphans()
+
+
+def test_hybrid_manager_equals_the_spec() -> None:
+    from hypothesis import given
+
+    @(settings(max_examples=EXAMPLES) if EXAMPLES else settings())
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        run_side_by_side(data)
+
+    check()
+
+
+def test_create_manager_picks_the_hybrid_manager_only_for_hybrid_groups() -> None:
+    from pagedprefix.impl import BlockManager
+
+    assert type(create_manager(CacheConfig(4, 8))) is BlockManager
+    assert type(create_manager(CacheConfig(4, 8, groups=(full(4),)))) is BlockManager
+    assert type(create_manager(CacheConfig(4, 8, groups=(full(4), sliding(8, 4))))) is HybridBlockManager
+    assert type(create_cache(CacheConfig(4, 8, groups=(full(4), sliding(8, 4))))) is HybridSpecCache
