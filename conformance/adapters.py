@@ -61,7 +61,8 @@ def spec_capabilities(config: CacheConfig, groups: bool = True, events: bool = F
     """What an engine with the spec's API and semantics declares under ``config`` (``groups``:
     it runs hybrid KV-cache groups of every kind, following the config's hybrid policies;
     ``events``: it records the spec's KV-cache events, ``take_events`` and ``cached_keys`` — for
-    the one full-attention group only: hybrid caches record no events, SEMANTICS.md section 9)."""
+    the one full-attention group only: the suite judges events on single-group configs; the
+    hybrid caches' per-group streams are proven equal spec against impl, tests/test_impl_hybrid.py)."""
     return Capabilities(
         keys=True,
         free_order=config.free_order,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedprefix.spec import CacheConfig, InvalidConfig, check_config, is_hybrid
+from pagedprefix.spec import CacheConfig, check_config, is_hybrid
 
 from .block_manager import BlockManager, FreeBlockQueue
 from .hybrid import HybridBlockManager
@@ -24,13 +24,11 @@ __all__ = ["BlockManager", "BlockTables", "FreeBlockQueue", "HybridBlockManager"
 def create_manager(config: CacheConfig, *, events: bool = False) -> BlockManager | HybridBlockManager:
     """The manager ``config`` needs: :class:`BlockManager` for the one full-attention group (the
     default), :class:`HybridBlockManager` for hybrid groups. ``events=True`` records the KV-cache
-    events of SEMANTICS.md section 9 (``BlockManager.create``). Raises ``InvalidConfig`` (also for
-    ``events=True`` with hybrid groups: the hybrid manager records no events yet)."""
+    events of SEMANTICS.md section 9 (``BlockManager.create``, ``HybridBlockManager.create``: per
+    group). Raises ``InvalidConfig``."""
     check_config(config)
     if is_hybrid(config.groups, config.block_size):
-        if events:
-            raise InvalidConfig("KV-cache events are recorded for the one full-attention group only")
-        return HybridBlockManager.create(config)
+        return HybridBlockManager.create(config, events=events)
     return BlockManager.create(config, events=events)
 
 

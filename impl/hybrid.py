@@ -29,6 +29,7 @@ only, and the prefix length), which is all :meth:`orphans` needs. Costs: ``looku
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate
 
@@ -57,8 +58,10 @@ from pagedprefix.spec import (
 )
 from pagedprefix.spec.cache import request_sort_key, resolve_seed
 from pagedprefix.spec.errors import safe_repr
+from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
+from pagedprefix.spec.extras import block_extra_fields
 from pagedprefix.spec.groups import cacheable, dense_boundaries, need_set, num_entries, replay_boundary
-from pagedprefix.spec.hybrid import config_groups
+from pagedprefix.spec.hybrid import config_groups, entry_group
 from pagedprefix.spec.keys import GROUP_KEY_TAG, hash_function, key_group, u32
 
 from .block_manager import (
@@ -115,9 +118,10 @@ class HybridBlockManager:
         num_pops: blocks popped for new content since creation.
     """
 
-    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes) -> None:
+    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes, events: bool = False) -> None:
         """Use :meth:`create`, which validates ``config`` and derives the seed and root."""
         n = config.num_blocks
+        self._events: list[Event] | None = [] if events else None
         self.config = config
         self.groups = config_groups(config)
         self.hash_seed = hash_seed
@@ -145,8 +149,9 @@ class HybridBlockManager:
         self._fulls = [g for g, group in enumerate(self.groups) if group.kind == "full"]
 
     @classmethod
-    def create(cls, config: CacheConfig) -> HybridBlockManager:
-        """A manager with every block free, for any valid config.
+    def create(cls, config: CacheConfig, *, events: bool = False) -> HybridBlockManager:
+        """A manager with every block free, for any valid config; ``events=True`` records the
+        spec's per-group KV-cache event stream (:meth:`take_events`, O(block size) per keyed entry).
 
         Raises :class:`pagedprefix.spec.InvalidConfig` (``check_config``, a pool too large for
         memory).
@@ -156,7 +161,7 @@ class HybridBlockManager:
         seed = resolve_seed(config)
         groups = config_groups(config)
         root = root_key(config.hash_algo, hash_granularity(groups), config.namespace, seed)
-        return cls(config, seed, root)
+        return cls(config, seed, root, events)
 
     # ----- keys ---------------------------------------------------------------------------------
 
@@ -214,6 +219,8 @@ class HybridBlockManager:
     def _unkey(self, b: int) -> None:
         key = self._hash[b]
         assert key is not None
+        if self._events is not None:
+            self._events.append(BlockRemoved((key,), entry_group(key)))
         found = self._index[key]
         if isinstance(found, int):
             del self._index[key]
@@ -326,6 +333,18 @@ class HybridBlockManager:
         self._index_add(key, b)
         if self._mamba[g]:
             self._pending[b] = (rid, key)
+        if self._events is not None:
+            size = self.groups[g].block_size
+            self._events.append(
+                BlockStored(
+                    block_hashes=(key,),
+                    parent_block_hash=self._key(request.fine, g, j - 1) if j else None,
+                    token_ids=tuple(request.tokens[j * size : (j + 1) * size]),
+                    block_size=size,
+                    extras=(block_extra_fields(request.extras, j, size),),
+                    group=g,
+                )
+            )
 
     # ----- what each group keys and pops (the spec's rules) ----------------------------------
 
@@ -590,7 +609,23 @@ class HybridBlockManager:
                 self._origin[b] = None
         self._index.clear()
         self._pending.clear()
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list[Event]:
+        """The KV-cache events since the last call: exactly the hybrid spec's stream
+        (:meth:`pagedprefix.spec.HybridSpecCache.take_events`). Raises ``RuntimeError`` unless
+        created with ``events=True``."""
+        if self._events is None:
+            raise RuntimeError("this block manager does not record events: create it with events=True")
+        taken, self._events = self._events, []
+        return taken
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        """The observable index: ``(group, key)`` -> blocks holding the key now. O(cached keys)."""
+        index = self._index
+        return Counter({(entry_group(k), k): 1 if isinstance(v, int) else len(v) for k, v in index.items()})
 
     # ----- observations -------------------------------------------------------------------------
 

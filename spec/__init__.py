@@ -71,14 +71,11 @@ def create_cache(config: CacheConfig, *, events: bool = False) -> SpecCache | Hy
     default ``groups=None`` or ``(full(block_size),)``), :class:`HybridSpecCache` otherwise.
     ``events=True`` records the KV-cache events of SEMANTICS.md section 9 (``SpecCache.create``).
 
-    Raises :class:`InvalidConfig` (also for ``events=True`` with hybrid groups: the hybrid cache
-    records no events yet).
+    Raises :class:`InvalidConfig`.
     """
     check_config(config)
     if is_hybrid(config.groups, config.block_size):
-        if events:
-            raise InvalidConfig("KV-cache events are recorded for the one full-attention group only")
-        return HybridSpecCache.create(config)
+        return HybridSpecCache.create(config, events=events)
     return SpecCache.create(config, events=events)
 
 

@@ -8,9 +8,11 @@ got its key, section 4, so the swap emits nothing), and :class:`AllBlocksCleared
 numbered from 0 for a new engine instance. :meth:`pagedprefix.spec.SpecCache.take_events` emits
 this stream (``SpecCache.create(config, events=True)``); so does ``pagedprefix.impl.BlockManager``.
 
-Hybrid KV-cache groups (SEMANTICS.md section 8) will emit per-group events: every event already
-carries its ``group`` (0 for the single full-attention group of sections 1-7), and the subscriber
-keys its index by ``(group, key)``.
+Hybrid KV-cache groups (SEMANTICS.md section 8) emit per-group events
+(``HybridSpecCache.create(config, events=True)``, ``HybridBlockManager`` the same stream): every
+event carries its ``group`` (0 for the single full-attention group of sections 1-7), each keyed
+entry is a run of one block whose parent is the group's previous entry key (stored or not: sliding
+and Mamba groups key sparse entries), and the subscriber keys its index by ``(group, key)``.
 
 A subscriber that applies the stream in order and *counts copies* (:func:`apply`: ``+1`` per
 stored block, ``-1`` per removed block, a key present while its count is positive) holds exactly

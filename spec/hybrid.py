@@ -64,6 +64,7 @@ intervals > 0, connectors, chunked prefill, page-size unification; and, in this 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -79,7 +80,8 @@ from .cache import (
     resolve_seed,
 )
 from .errors import Deferred, DuplicateRequest, OutOfBlocks, UnknownRequest, safe_repr
-from .extras import NO_EXTRAS, Extras, check_extras
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
+from .extras import NO_EXTRAS, Extras, block_extra_fields, check_extras
 from .groups import (
     Groups,
     cacheable,
@@ -170,6 +172,13 @@ class HybridSnapshot:
     num_evictions: int
 
 
+def entry_group(key: bytes) -> int:
+    """The group of a hybrid cache's key (every key is group-tagged, ``spec/keys.py``)."""
+    g = key_group(key)
+    assert g is not None, "a hybrid cache's keys are group-tagged"
+    return g
+
+
 def config_groups(config: CacheConfig) -> Groups:
     """The config's groups; ``None`` is the one full-attention group ``(full(block_size),)``."""
     return config.groups if config.groups is not None else (full(config.block_size),)
@@ -202,11 +211,15 @@ class HybridSpecCache:
     num_pops: int = 0
     """Blocks taken from the free_block_queue for new content since creation (a counter for
     conformance's notion of eviction pressure; not part of the snapshot)."""
+    events: list[Event] | None = None
+    """KV-cache events not yet taken (:meth:`take_events`); ``None`` when they are not recorded."""
 
     @classmethod
-    def create(cls, config: CacheConfig) -> HybridSpecCache:
+    def create(cls, config: CacheConfig, *, events: bool = False) -> HybridSpecCache:
         """A cache with every block free, for any valid config (``groups=None`` is one full group
         whose keys are group-tagged; ``create_cache`` builds :class:`SpecCache` for that one).
+        ``events=True`` records the KV-cache events of SEMANTICS.md section 9 per group
+        (:meth:`take_events`).
 
         Raises :class:`InvalidConfig` (``check_config``, and a pool too large for memory).
         """
@@ -222,6 +235,7 @@ class HybridSpecCache:
             root=root_key(config.hash_algo, h, config.namespace, seed),
             blocks=[HybridBlock() for _ in range(config.num_blocks)],
             free_block_queue=list(range(config.num_blocks)),
+            events=[] if events else None,
         )
 
     @property
@@ -323,9 +337,11 @@ class HybridSpecCache:
         self.blocks[b].ref_cnt += 1
 
     def _unkey(self, b: int) -> None:
-        """Drop block ``b``'s key (and its pending entry) from the index."""
+        """Drop block ``b``'s key (and its pending entry) from the index: ``BlockRemoved``."""
         key = self.blocks[b].block_hash
         assert key is not None
+        if self.events is not None:
+            self.events.append(BlockRemoved((key,), entry_group(key)))
         self.cached[key].remove(b)
         if not self.cached[key]:
             del self.cached[key]
@@ -387,6 +403,22 @@ class HybridSpecCache:
         self.cached.setdefault(key, []).append(b)
         if self.groups[g].kind == "mamba":
             self.pending.append((rid, b, key))
+        if self.events is not None:
+            self.events.append(self._stored(request, fine, g, j))
+
+    def _stored(self, request: HybridRequest, fine: Sequence[bytes], g: int, j: int) -> BlockStored:
+        """The event of keying entry ``j`` of group ``g``: a run of one block, whose parent is the
+        key entry ``j - 1`` of the group would have (stored or not: a sliding or Mamba group keys
+        sparse entries, SEMANTICS.md section 9), its tokens and its extra fields."""
+        size = self.groups[g].block_size
+        return BlockStored(
+            block_hashes=(self.entry_key(fine, g, j),),
+            parent_block_hash=self.entry_key(fine, g, j - 1) if j else None,
+            token_ids=tuple(request.tokens[j * size : (j + 1) * size]),
+            block_size=size,
+            extras=(block_extra_fields(request.extras, j, size),),
+            group=g,
+        )
 
     # ----- what each group keys and pops ------------------------------------------------------
 
@@ -705,7 +737,24 @@ class HybridSpecCache:
         for block in self.blocks:
             block.block_hash = None
             block.content = None
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list[Event]:
+        """The KV-cache events since the last call, oldest first (SEMANTICS.md section 9, per
+        group): ``BlockStored`` for each entry keyed (one block per event, group-tagged key),
+        ``BlockRemoved`` for each key that left (eviction, a dropped pending state),
+        ``AllBlocksCleared`` on a successful reset. Raises ``RuntimeError`` unless created with
+        ``events=True``."""
+        if self.events is None:
+            raise RuntimeError("this cache does not record events: create it with events=True")
+        taken, self.events = self.events, []
+        return taken
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        """The observable index: ``(group, key)`` -> blocks holding the key now."""
+        return Counter({(entry_group(key), key): len(blocks) for key, blocks in self.cached.items()})
 
     # ----- observations -----------------------------------------------------------------------
 

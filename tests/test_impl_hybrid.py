@@ -5,7 +5,9 @@ the same config (``hash_seed`` pinned for ``xxh3_128``, so both share a root) an
 same result, or the same error type and message; after every operation the snapshots (ref counts,
 keys, the free_block_queue order, the index with its insertion order, every table with its
 physical ids, the pending recurrent states, the eviction count) must be equal and the manager's
-structures consistent; the orphan counts must agree. Configs and operations come from
+structures consistent; the orphan counts must agree; both record the same KV-cache events
+(SEMANTICS.md section 9, per group), none for a failed operation, and a subscriber counting copies
+holds exactly ``cached_keys()`` after every operation. Configs and operations come from
 ``tests/hybrid_support.py``: every group kind, block sizes whose gcd and lcm differ from each
 block size, short windows, small chunks, both retentions, both free orders, both group free
 orders, small pools (eviction and ``OutOfBlocks`` are common).
@@ -16,6 +18,7 @@ orders, small pools (eviction and ``OutOfBlocks`` are common).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 from hybrid_support import apply, hybrid_configs, next_op
@@ -23,6 +26,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from pagedprefix.impl import HybridBlockManager, create_manager
 from pagedprefix.spec import CacheConfig, HybridSpecCache, create_cache, full, sliding
+from pagedprefix.spec.events import BlockRemoved, GroupKey
+from pagedprefix.spec.events import apply as apply_event
 
 EXAMPLES = int(os.environ.get("HYBRID_STATEFUL_EXAMPLES", "0")) or None
 STEPS = int(os.environ.get("HYBRID_STATEFUL_STEPS", "50"))
@@ -30,8 +35,9 @@ STEPS = int(os.environ.get("HYBRID_STATEFUL_STEPS", "50"))
 
 def run_side_by_side(data: st.DataObject, make_impl: Any = HybridBlockManager.create) -> None:
     config = data.draw(hybrid_configs(), label="config")
-    spec = HybridSpecCache.create(config)
-    impl = make_impl(config)
+    spec = HybridSpecCache.create(config, events=True)
+    impl = make_impl(config, events=True)
+    subscriber: Counter[GroupKey] = Counter()
     for _ in range(STEPS):
         op = next_op(data.draw, config, list(spec.requests))
         want, want_err = apply(spec, op)
@@ -41,6 +47,13 @@ def run_side_by_side(data: st.DataObject, make_impl: Any = HybridBlockManager.cr
             assert str(got_err) == str(want_err), op
         assert got == want, f"{op}: impl {got}, spec {want}"
         assert impl.snapshot() == spec.snapshot(), op
+        events = spec.take_events()
+        assert impl.take_events() == events, op
+        if want_err is not None:
+            assert events == [], f"{op}: a failed operation emits nothing"
+        for event in events:
+            apply_event(subscriber, event)
+        assert subscriber == spec.cached_keys() == impl.cached_keys(), op
         impl.check_integrity()
         assert impl.num_pops == spec.num_pops
     assert impl.orphans() == spec.orphans()
@@ -48,6 +61,9 @@ def run_side_by_side(data: st.DataObject, make_impl: Any = HybridBlockManager.cr
         spec.free(rid)
         impl.free(rid)
     assert impl.snapshot() == spec.snapshot()
+    events = spec.take_events()  # free drops only pending recurrent states' keys
+    assert impl.take_events() == events
+    assert all(isinstance(e, BlockRemoved) for e in events)
     assert impl.orphans() == spec.orphans()
 
 

@@ -160,11 +160,34 @@ class CheckpointsStayHeld(HybridBlockManager):
 class AlwaysGroupMajor(HybridBlockManager):
     """``group_free_order`` ignored: always group-major."""
 
-    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes) -> None:
-        super().__init__(config, hash_seed, root)
+    def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes, events: bool = False) -> None:
+        super().__init__(config, hash_seed, root, events)
         object.__setattr__(
             self, "config", CacheConfig(**{**config.__dict__, "group_free_order": "group_major"})
         )
+
+
+class SilentEviction(HybridBlockManager):
+    """No ``BlockRemoved`` when a key leaves the index (the events' bug of a cleared replica
+    still credited: the subscriber keeps a key the engine lost)."""
+
+    def _unkey(self, b: int) -> None:
+        events, self._events = self._events, None
+        try:
+            super()._unkey(b)
+        finally:
+            self._events = events
+
+
+class UnannouncedReset(HybridBlockManager):
+    """``reset_prefix_cache`` forgets every key without ``AllBlocksCleared``."""
+
+    def reset_prefix_cache(self) -> bool:
+        events, self._events = self._events, None
+        try:
+            return super().reset_prefix_cache()
+        finally:
+            self._events = events
 
 
 MUTANTS = [
@@ -177,6 +200,8 @@ MUTANTS = [
     DenseSkipsLastBoundary,
     CheckpointsStayHeld,
     AlwaysGroupMajor,
+    SilentEviction,
+    UnannouncedReset,
 ]
 
 

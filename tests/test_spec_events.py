@@ -182,3 +182,38 @@ def test_events_are_opt_in() -> None:
     assert plain.events is None
     with pytest.raises(RuntimeError, match="events=True"):
         plain.take_events()
+
+
+def test_hybrid_groups_emit_per_group_events_and_a_subscriber_holds_the_index() -> None:
+    """full(2) + sliding(2, 2), replay retention: admitting 5 tokens keys the full group's entries
+    0 and 1 and, in the sliding group, only the need set of the replay boundary 4 (entry 1), whose
+    parent (the sliding group's entry 0) is never stored; then eviction and reset."""
+    from pagedprefix.spec import HybridSpecCache, full, sliding
+
+    config = CacheConfig(block_size=2, num_blocks=6, groups=(full(2), sliding(2, 2)))
+    cache = HybridSpecCache.create(config, events=True)
+    keys = cache.group_keys([1, 2, 3, 4, 5])
+    cache.allocate("a", [1, 2, 3, 4, 5])
+    events = cache.take_events()
+    assert [(e.group, e.block_hashes, e.parent_block_hash, e.token_ids) for e in events] == [
+        (0, (keys[0][0],), None, (1, 2)),
+        (0, (keys[0][1],), keys[0][0], (3, 4)),
+        (1, (keys[1][1],), keys[1][0], (3, 4)),
+    ]
+    assert all(isinstance(e, BlockStored) and e.block_size == 2 for e in events)
+    index: Counter[tuple[int, bytes]] = Counter()
+    for e in events:
+        apply(index, e)
+    want = Counter({(0, keys[0][0]): 1, (0, keys[0][1]): 1, (1, keys[1][1]): 1})
+    assert index == cache.cached_keys() == want
+    cache.free("a")
+    assert cache.take_events() == []
+    cache.allocate("b", [9, 9, 9, 9, 9])  # needs all six blocks: evicts the three keyed ones
+    removed = [e for e in cache.take_events() if isinstance(e, BlockRemoved)]
+    assert sorted((e.group, e.block_hashes[0]) for e in removed) == sorted(
+        [(0, keys[0][0]), (0, keys[0][1]), (1, keys[1][1])]
+    )
+    cache.free("b")
+    cache.take_events()
+    assert cache.reset_prefix_cache() is True
+    assert cache.take_events() == [AllBlocksCleared()] and cache.cached_keys() == Counter()
