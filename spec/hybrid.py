@@ -404,15 +404,17 @@ class HybridSpecCache:
         if self.groups[g].kind == "mamba":
             self.pending.append((rid, b, key))
         if self.events is not None:
-            self.events.append(self._stored(request, fine, g, j))
+            self.events.append(self._stored(request, fine, g, j, key))
 
-    def _stored(self, request: HybridRequest, fine: Sequence[bytes], g: int, j: int) -> BlockStored:
-        """The event of keying entry ``j`` of group ``g``: a run of one block, whose parent is the
-        key entry ``j - 1`` of the group would have (stored or not: a sliding or Mamba group keys
-        sparse entries, SEMANTICS.md section 9), its tokens and its extra fields."""
+    def _stored(
+        self, request: HybridRequest, fine: Sequence[bytes], g: int, j: int, key: bytes
+    ) -> BlockStored:
+        """The event of keying entry ``j`` of group ``g`` with ``key``: a run of one block, whose
+        parent is the key entry ``j - 1`` of the group would have (stored or not: a sliding or Mamba
+        group keys sparse entries, SEMANTICS.md section 9), its tokens and its extra fields."""
         size = self.groups[g].block_size
         return BlockStored(
-            block_hashes=(self.entry_key(fine, g, j),),
+            block_hashes=(key,),
             parent_block_hash=self.entry_key(fine, g, j - 1) if j else None,
             token_ids=tuple(request.tokens[j * size : (j + 1) * size]),
             block_size=size,
