@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pagedprefix.conformance.supervise import supervised_command
 from pagedprefix.spec import InvalidConfig, PrefixCacheError, hash_granularity, parse_groups
 from pagedprefix.spec.groups import check_groups
 from rich.console import Console
@@ -169,10 +170,10 @@ def replay_command(
     if not out.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
         out = Console(width=160)
     job = prepare_job(params, console)
-    if job.cluster_runner is not None:
-        job.cluster_runner(job, out, console)
-        return
-    _run_single(job, out, console)
+    runner = job.cluster_runner
+    if runner is not None:
+        supervised_command(lambda: runner(job, out, console), COMMAND)
+    supervised_command(lambda: _run_single(job, out, console), COMMAND)
 
 
 def prepare_job(params: Mapping[str, Any], console: Console | None = None,
