@@ -31,7 +31,7 @@ from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
 from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields, check_extras
 from .groups import GROUP_FREE_ORDERS, RETENTIONS, Groups, check_groups, is_hybrid
 from .keys import HASH_ALGOS, SEEDED_BY_DEFAULT, chain_keys, hash_function, root_key
-from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, check_memory
+from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, allocating, check_memory
 
 RequestId = str | int
 FREE_ORDERS: tuple[str, ...] = ("unhashed_to_head", "append_all")
@@ -307,14 +307,15 @@ class SpecCache:
         check_memory(config.num_blocks, SPEC_BYTES_PER_BLOCK, "the spec cache")
         seed = resolve_seed(config)
         root = root_key(config.hash_algo, config.block_size, config.namespace, seed)
-        return cls(
-            config=config,
-            hash_seed=seed,
-            root=root,
-            blocks=[Block() for _ in range(config.num_blocks)],
-            free_block_queue=list(range(config.num_blocks)),
-            events=[] if events else None,
-        )
+        with allocating("the spec cache's pool", config.num_blocks * SPEC_BYTES_PER_BLOCK):
+            return cls(
+                config=config,
+                hash_seed=seed,
+                root=root,
+                blocks=[Block() for _ in range(config.num_blocks)],
+                free_block_queue=list(range(config.num_blocks)),
+                events=[] if events else None,
+            )
 
     # ----- keys and content -------------------------------------------------------------------
 
