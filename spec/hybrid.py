@@ -200,7 +200,7 @@ class HybridSpecCache:
 
     config: CacheConfig
     groups: Groups
-    hash_seed: int | None
+    hash_seed: int | None = field(repr=False)  # a secret (docs/SECURITY.md "Secrets")
     root: bytes
     blocks: list[HybridBlock]
     cached: dict[bytes, list[int]] = field(default_factory=dict)
