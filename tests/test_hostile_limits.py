@@ -27,6 +27,9 @@ from pagedprefix.replay import trace as trace_module
 from pagedprefix.replay.trace import MAX_LINE_BYTES, TraceError, TraceLimitError, load_trace
 from pagedprefix.spec import limits
 
+needs_proc = pytest.mark.skipif(not Path("/proc/self/status").is_file(),
+                                reason="reads the address space in use from /proc/self/status (Linux)")
+
 GOOD = json.dumps({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [7]})
 
 
@@ -163,6 +166,7 @@ def test_available_memory_honours_rlimit_as(monkeypatch: pytest.MonkeyPatch) -> 
     assert limits.available_memory() == 0  # already over the limit: nothing fits
 
 
+@needs_proc
 def test_address_space_used_reads_this_process() -> None:
     used = limits._address_space_used()
     assert used is not None and used > 10 * 2**20  # an interpreter with torch maps far more than 10 MiB
@@ -195,6 +199,7 @@ def _run_limited(body: str, imports: str = "", room: int = 256 * 2**20) -> subpr
                           timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
+@needs_proc
 @pytest.mark.parametrize("engine", ["spec", "impl"])
 def test_a_pool_beyond_rlimit_as_is_invalid_config(engine: str) -> None:
     # about 1 GiB of pool (MemAvailable of any CI machine allows it), 256 MiB of address space left
@@ -220,6 +225,7 @@ def test_a_pool_beyond_rlimit_as_is_invalid_config(engine: str) -> None:
     assert "MemoryError" not in done.stdout + done.stderr
 
 
+@needs_proc
 def test_a_kv_cache_beyond_rlimit_as_is_invalid_config() -> None:
     body = textwrap.dedent(
         """
@@ -260,6 +266,7 @@ def test_an_allocation_that_still_fails_is_invalid_config(monkeypatch: pytest.Mo
         KVCache(1, 4, 2, 1, 4)
 
 
+@needs_proc
 def test_the_replay_cli_under_rlimit_as_is_one_line_exit_2() -> None:
     body = textwrap.dedent(
         """
