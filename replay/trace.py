@@ -367,7 +367,13 @@ class _BoundedLines:
                 raise TraceLimitError(self.source, BadLine(number, "line too long"),
                                       f"{self.source}: line {number} is longer than {self.max_line:,} "
                                       f"bytes (the limit is MAX_LINE_BYTES)")
-            yield body.decode("utf-8")
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(self.source, BadLine(number, "not UTF-8"),
+                                 f"{self.source}: cannot read trace: line {number} is not UTF-8 "
+                                 f"({exc.reason} at byte {exc.start + 1} of the line)") from None
+            yield text
 
 
 def _open_binary(path: Path) -> io.BufferedIOBase | gzip.GzipFile:

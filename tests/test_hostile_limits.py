@@ -367,3 +367,11 @@ def test_a_memory_error_while_building_a_pool_is_invalid_config(engine: str,
     monkeypatch.setattr(*target, no_memory)
     with pytest.raises(InvalidConfig, match=r"could not allocate .*pool \(\d[\d,]* bytes\): out of memory"):
         create(CacheConfig(block_size=16, num_blocks=64))
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes((GOOD + "\n").encode() + b'{"x": "caf\xe9"}\n')
+    with pytest.raises(TraceError, match=r"cannot read trace: line 2 is not UTF-8 \(invalid continuation "
+                       r"byte at byte 11 of the line\)"):
+        load_trace(path)
