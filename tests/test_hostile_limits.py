@@ -265,6 +265,19 @@ def test_an_allocation_that_still_fails_is_invalid_config(monkeypatch: pytest.Mo
     with pytest.raises(InvalidConfig, match="could not allocate"):
         KVCache(1, 4, 2, 1, 4)
 
+    from pagedprefix.impl import BlockTables
+
+    monkeypatch.setattr(torch, "full", refuse)
+    with pytest.raises(InvalidConfig, match=r"could not allocate a block table of 2 x 3 int32 \(24 bytes\)"):
+        BlockTables(2, 3, 16)
+
+    def other(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("some other failure")
+
+    monkeypatch.setattr(torch, "full", other)
+    with pytest.raises(RuntimeError, match="some other failure"):  # only allocation failures are mapped
+        BlockTables(2, 3, 16)
+
 
 @needs_proc
 def test_the_replay_cli_under_rlimit_as_is_one_line_exit_2() -> None:
