@@ -34,6 +34,8 @@ from .protocol import (
     UnsupportedConfig,
     import_factory,
 )
+from .seeding import NAME as KEY_SEEDING
+from .seeding import key_seeding_result, register_respawn
 from .stateful import PROBE_BLOCK_SIZES, StatefulReport, probe, run_conformance
 from .vector_format import dumps
 from .vectors import VectorRunReport, run_vectors
@@ -241,25 +243,29 @@ def load_engine(
         argv = shlex.split(name[len("jsonl:") :])
         if not argv:
             raise EngineUnavailable("jsonl: needs a command, e.g. jsonl:./my-engine --serve")
-        factory = subprocess_factory(argv, None, call_timeout, start_timeout)
-        factory.start()  # type: ignore[attr-defined]
-        return factory
+        env: dict[str, str] | None = None
+    else:
+        argv = [sys.executable, *WORKER, "--engine", name]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([*search, *filter(None, [env.get("PYTHONPATH")])])
+        env[WORKER_ENV] = "1"
+
+    def respawn() -> AdapterFactory:
+        return subprocess_factory(argv, env, call_timeout, start_timeout)
+
     if isolate is None:
         isolate = name not in BUILTIN_ENGINES
-    if not isolate:
+    if not isolate and not name.startswith("jsonl:"):
         for p in reversed(search):
             if p not in sys.path:
                 sys.path.insert(0, p)
         if os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())
-        return checked_factory(name, import_factory(name, ENGINE_SHORT_NAMES))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*search, *filter(None, [env.get("PYTHONPATH")])])
-    env[WORKER_ENV] = "1"
-    factory = subprocess_factory(
-        [sys.executable, *WORKER, "--engine", name], env, call_timeout, start_timeout
-    )
-    factory.start()  # type: ignore[attr-defined]
+        factory = checked_factory(name, import_factory(name, ENGINE_SHORT_NAMES))
+    else:
+        factory = respawn()
+        factory.start()  # type: ignore[attr-defined]
+    register_respawn(factory, respawn)
     return factory
 
 
@@ -419,9 +425,10 @@ def _run_all(
     extra_groups: Sequence[tuple[str, CheckGroup]] | None,
     start: float,
 ) -> None:
-    caps = _probe(factory, report)
-    if caps is None:
+    probed = _probe(factory, report)
+    if probed is None:
         return
+    caps, probe_config = probed
     report.capabilities = caps
 
     def phase(name: str) -> Callable[[int, int], None]:
@@ -451,6 +458,8 @@ def _run_all(
     report.rows.extend(_vector_rows(report.vectors))
     if report.stateful is not None and report.stateful.hung is not None:
         return
+    status, detail = key_seeding_result(factory, caps, probe_config.block_size)
+    report.rows.append(CheckResult(KEY_SEEDING, "property", status, detail))
     for name, group in EXTRA_CHECK_GROUPS if extra_groups is None else extra_groups:
         try:
             report.rows.extend(group(factory, options))
@@ -482,11 +491,11 @@ def _counterexample(sequence: str, detail: str) -> str:
     return f"{text}\n\n{detail}" if detail else text
 
 
-def _probe(factory: AdapterFactory, report: SuiteReport) -> Capabilities | None:
-    """The engine's capabilities; ``None`` (and a FAIL row) when it cannot even be built."""
+def _probe(factory: AdapterFactory, report: SuiteReport) -> tuple[Capabilities, CacheConfig] | None:
+    """The engine's capabilities and the config they were probed under; ``None`` (and a FAIL row)
+    when it cannot even be built."""
     try:
-        caps, _ = probe(factory)
-        return caps
+        return probe(factory)
     except UnsupportedConfig as exc:
         message = f"the factory rejects every probe config (block sizes {PROBE_BLOCK_SIZES}): {exc}"
         report.rows.append(CheckResult("engine-errors", "property", "fail", message))
