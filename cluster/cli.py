@@ -39,6 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .conform import IndexerFactory, Verdict, all_passed, interrupted_by_user, judge, user_interrupts
+from .jsonl import IndexerReplyError
 from .load import open_indexer
 from .options import cluster_options
 from .replay import ClusterOptions, ClusterResult, run_with_twin
@@ -230,7 +231,7 @@ def _run_capacity(job: ReplayJob, config: ReplayConfig, options: ClusterOptions,
         raise fail(REPLAY, exc) from None
     except TransportError as exc:
         raise fail(REPLAY, f"event transport failed: {exc}", code=1) from None
-    except (EngineProcessError, EngineHung) as exc:
+    except (EngineProcessError, EngineHung, IndexerReplyError) as exc:
         raise fail(REPLAY, f"indexer {indexer!r} failed: {exc}", code=1) from None
     except Exception as exc:  # the engine itself failed: not a user error
         raise fail(REPLAY, f"cluster replay failed: {type(exc).__name__}: {exc}", code=1) from None
@@ -261,6 +262,11 @@ def _axis(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
+def _quote(text: str, limit: int = 300) -> str:
+    """``text`` quoted for a one-line error, cut to ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def sweep_command(
     ctx: typer.Context,
     trace: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
@@ -289,23 +295,26 @@ def sweep_command(
         raise fail(SWEEP, f"--{empty[0]} needs at least one value")
     if executor not in EXECUTORS:
         raise fail(SWEEP, f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    if executor == "ray" and not ray_available():
-        raise fail(SWEEP, RAY_HINT)
     _check_seconds_for(SWEEP, "--cell-timeout", cell_timeout)
     problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
     if problem is not None:
         raise fail(SWEEP, problem)
-    cells = grid(axes, list(ctx.args))
+    try:
+        cells = grid(axes, list(ctx.args))  # its size is checked before it is built
+    except CellError as exc:
+        raise fail(SWEEP, exc) from None
     for cell in cells:
         try:
             check_cell(cell)
         except CellError as exc:
-            raise fail(SWEEP, f"cell 'pagedprefix replay {shlex.join(cell)}': {exc}") from None
+            raise fail(SWEEP, f"cell {_quote('pagedprefix replay ' + shlex.join(cell))}: {exc}") from None
     for name in axes.get("trace", ["conversation"]):
         try:
             load_trace(name, limit=1)
         except TraceError as exc:
             raise fail(SWEEP, exc) from None
+    if executor == "ray" and not ray_available():  # last: importing Ray takes seconds
+        raise fail(SWEEP, RAY_HINT)
     n_workers = workers or os.cpu_count() or 1
     show = console.is_terminal if progress is None else progress
     try:
