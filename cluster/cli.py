@@ -197,7 +197,7 @@ def cluster_runner(args: ClusterArgs) -> ClusterRunner:
         options = cluster_options(args)
     except ValueError as exc:
         raise fail(REPLAY, exc) from None
-    if options.transport == "zmq" and not zmq_available():
+    if options.transport.startswith("zmq") and not zmq_available():
         raise fail(REPLAY, ZMQ_HINT)
     try:
         loaded = open_indexer(args.indexer)

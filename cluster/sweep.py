@@ -148,8 +148,9 @@ def check_cell(argv: Sequence[str]) -> None:
         for capacity in parse_capacities(params["num_blocks"]):
             ReplayConfig(block_size=params["block_size"], num_blocks=capacity,
                          max_running=params["max_running"], decode_chunk=params["decode_chunk"],
-                         max_output=params["max_output"], samples=params["samples"], step_ms=params["step_ms"],
-                         hash_algo=params["hash_algo"], free_order=params["free_order"]).validate()
+                         max_output=params["max_output"], samples=params["samples"],
+                         step_ms=params["step_ms"], hash_algo=params["hash_algo"],
+                         free_order=params["free_order"]).validate()
         cluster_options(_args(params))
     except (ValueError, ClickException) as exc:  # InvalidConfig is a ValueError
         raise CellError(_one_line(exc)) from None
