@@ -206,7 +206,8 @@ def test_cli_in_process_system_exit_0_is_a_fail_with_one_line(tmp_path: Path) ->
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     report = json.loads(out.read_text())
     assert report["passed"] is False
-    assert {s["finding"]["message"] for s in report["scenarios"] if s["finding"]} == {"events raised SystemExit: 0"}
+    messages = {s["finding"]["message"] for s in report["scenarios"] if s["finding"]}
+    assert messages == {"events raised SystemExit: 0"}
     assert "0 passed" in proc.stdout
 
 
@@ -215,7 +216,8 @@ def test_cli_in_process_module_that_exits_at_import_is_a_fail(tmp_path: Path) ->
     proc = run_cli("--indexer", "exits_at_import:f", "--in-process", "--path", str(tmp_path))
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert proc.stderr.strip().splitlines() == [
-        "pagedprefix indexer-conform: error: FAIL: loading the indexer 'exits_at_import:f' raised SystemExit: 0"]
+        "pagedprefix indexer-conform: error: FAIL: loading the indexer 'exits_at_import:f' raised "
+        "SystemExit: 0"]
 
 
 def test_cli_an_indexer_that_never_answers_create_costs_one_start_timeout() -> None:
@@ -234,7 +236,8 @@ def test_cli_an_indexer_that_never_answers_create_costs_one_start_timeout() -> N
 
 def test_cli_a_real_ctrl_c_stops_the_run_with_130(tmp_path: Path) -> None:
     mark = tmp_path / "entered"
-    argv = [sys.executable, "-m", "pagedprefix", "indexer-conform", "--indexer", "broken_indexers:sleeps_in_query",
+    argv = [sys.executable, "-m", "pagedprefix", "indexer-conform",
+            "--indexer", "broken_indexers:sleeps_in_query",
             "--in-process", "--path", TESTS, "--generated", "0", "--call-timeout", "100"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(worker_env(), BROKEN_INDEXER_MARK=str(mark)))
@@ -248,7 +251,8 @@ def test_cli_a_real_ctrl_c_stops_the_run_with_130(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert err.strip().splitlines() == ["pagedprefix indexer-conform: error: interrupted (SIGINT): no verdict"]
+    assert err.strip().splitlines() == [
+        "pagedprefix indexer-conform: error: interrupted (SIGINT): no verdict"]
 
 
 def test_cli_a_candidate_raising_keyboard_interrupt_is_a_fail_not_an_interrupt() -> None:

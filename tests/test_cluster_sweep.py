@@ -141,7 +141,8 @@ def sweep_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 @pytest.mark.parametrize("args, phrase", [
-    (["--executor", "ray", "--num-blocks", "abc"], "Invalid value for --num-blocks: not a block count: 'abc'"),
+    (["--executor", "ray", "--num-blocks", "abc"],
+     "Invalid value for --num-blocks: not a block count: 'abc'"),
     (["--executor", "ray", "--", "--limit", "abc"], "Invalid value for '--limit'"),
     (["--executor", "ray", "--replicas", ",".join(map(str, range(1, 201))), "--num-blocks",
       ",".join(map(str, range(1, 201)))], "the grid has 40,000 cells"),

@@ -59,7 +59,8 @@ def test_a_well_formed_message_decodes() -> None:
     ([GOOD[0], GOOD[1], b"{not json"], "unreadable event batch: JSONDecodeError"),
     ([GOOD[0], GOOD[1], b'"\xff\xfe"'], "unreadable event batch"),  # bad UTF-8 in the payload
     ([GOOD[0], GOOD[1], b"[" * 200_000], f"nests deeper than {MAX_JSON_DEPTH}"),
-    ([GOOD[0], GOOD[1], b'{"a":' * (MAX_JSON_DEPTH + 1) + b"1" + b"}" * (MAX_JSON_DEPTH + 1)], "nests deeper"),
+    ([GOOD[0], GOOD[1], b'{"a":' * (MAX_JSON_DEPTH + 1) + b"1" + b"}" * (MAX_JSON_DEPTH + 1)],
+     "nests deeper"),
     ([GOOD[0], GOOD[1], b" " * MAX_MESSAGE_BYTES], "at most"),
     ([GOOD[0], (4).to_bytes(8, "big"), PAYLOAD], "message seq 4 != batch seq 3"),
     ([GOOD[0], GOOD[1], b'{"seq": 3}'], "unreadable event batch"),
