@@ -179,7 +179,7 @@ def _short(exc: BaseException) -> str:
 def _boundary(scenario: Scenario, n: int, what: str, fn: Callable[[], T]) -> T:
     """``fn()`` (candidate code); any ``BaseException`` but the user's Ctrl-C becomes a finding."""
     try:
-        return fn()
+        result = fn()
     except _Stop:
         raise
     except BaseException as exc:
@@ -187,6 +187,9 @@ def _boundary(scenario: Scenario, n: int, what: str, fn: Callable[[], T]) -> T:
             raise KeyboardInterrupt from None  # the user's, whatever the candidate made of it
         fatal = isinstance(exc, FATAL)
         raise _Stop(Finding(scenario.name, n, None, f"{what} raised {_short(exc)}", fatal)) from None
+    if _user_interrupted[0]:
+        raise KeyboardInterrupt  # the candidate swallowed the user's Ctrl-C: it still stops the run
+    return result
 
 
 def _describe(value: object) -> str:

@@ -240,7 +240,21 @@ class SleepsInQuery(ReferenceIndexer):
         return super().query(keys, num_tokens)
 
 
+class SwallowsInterrupts(ReferenceIndexer):
+    """Sleeps in ``query`` and swallows whatever interrupts it (the user's Ctrl-C included)."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        import contextlib
+        import time
+
+        _mark()
+        with contextlib.suppress(BaseException):  # the point of this candidate
+            time.sleep(120)
+        return super().query(keys, num_tokens)
+
+
 exits_on_events = _factory(ExitsOnEvents)
+swallows_interrupts = _factory(SwallowsInterrupts)
 interrupts_on_query = _factory(InterruptsOnQuery)
 generator_exit_on_resync = _factory(GeneratorExitOnResync)
 exits_in_its_answer = _factory(ExitsInItsAnswer)

@@ -234,10 +234,11 @@ def test_cli_an_indexer_that_never_answers_create_costs_one_start_timeout() -> N
     assert elapsed < 15  # one time limit (2 s) plus start-up, not one per scenario (20 s and more)
 
 
-def test_cli_a_real_ctrl_c_stops_the_run_with_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["sleeps_in_query", "swallows_interrupts"])
+def test_cli_a_real_ctrl_c_stops_the_run_with_130(tmp_path: Path, name: str) -> None:
     mark = tmp_path / "entered"
     argv = [sys.executable, "-m", "pagedprefix", "indexer-conform",
-            "--indexer", "broken_indexers:sleeps_in_query",
+            "--indexer", f"broken_indexers:{name}",
             "--in-process", "--path", TESTS, "--generated", "0", "--call-timeout", "100"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(worker_env(), BROKEN_INDEXER_MARK=str(mark)))
