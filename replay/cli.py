@@ -73,7 +73,8 @@ _H_ROUTER = "round_robin (default with --replicas), least_loaded or prefix_aware
 _H_LAMBDA = "prefix_aware: score = cached prefix tokens - LAMBDA * blocks in use"
 _H_DROP = "probability that a replica's event batch is lost on the way to the router"
 _H_RESTART = "REPLICA@REQUEST: that replica restarts (empty cache) before that request arrives (repeatable)"
-_H_TRANSPORT = "how events reach the router: inprocess or zmq (real PUB/SUB on loopback; needs pyzmq)"
+_H_TRANSPORT = ("how events reach the router: inprocess, zmq (real PUB/SUB over IPC sockets in a private "
+                "directory) or zmq-tcp (loopback TCP with CURVE); zmq needs pyzmq")
 _H_HEARTBEAT = "replicas publish an empty event batch every idle step (a lost batch is then always seen)"
 _H_INDEXER = "the router's indexer: reference, module:factory or jsonl:COMMAND (pagedprefix indexer-conform)"
 
