@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 from pagedprefix.conformance.protocol import EngineUnavailable
 from pagedprefix.conformance.subprocess_adapter import EngineProcessError
+from pagedprefix.conformance.supervise import supervised_command
 from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
 from pagedprefix.conformance.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
 from pagedprefix.conformance.watchdog import EngineHung
@@ -135,7 +136,19 @@ def indexer_conform_command(
         for s in scenarios:
             typer.echo(f"{s.name}: {' '.join(s.doc.split())}")
         return
-    verdicts = _judge_indexer(indexer, in_process, path or [], call_timeout, start_timeout, scenarios)
+    supervised_command(
+        lambda: _indexer_conform_run(indexer, in_process, path or [], call_timeout, start_timeout, scenarios,
+                                     out, json_path),
+        COMMAND,
+    )
+
+
+def _indexer_conform_run(indexer: str, in_process: bool, paths: list[Path], call_timeout: float,
+                         start_timeout: float, scenarios: list[Scenario], out: Console,
+                         json_path: Path | None) -> None:
+    """Judge the indexer, print the table, write the report (in the supervised child:
+    :mod:`pagedprefix.conformance.supervise`, so an in-process indexer's ``os._exit`` is a FAIL)."""
+    verdicts = _judge_indexer(indexer, in_process, paths, call_timeout, start_timeout, scenarios)
     out.print(_table(verdicts))
     passed = sum(v.passed for v in verdicts)
     not_run = sum(not v.ran for v in verdicts)

@@ -21,10 +21,12 @@ of the candidate. The first finding ends the scenario.
 ``KeyboardInterrupt`` and ``GeneratorExit`` raised by the candidate are a FAIL of the candidate,
 never the harness's own exit. Only the user's Ctrl-C stops the run: while :func:`judge` runs on the
 main thread it installs a ``SIGINT`` handler that marks the interrupt as the user's before raising
-``KeyboardInterrupt``; such an interrupt passes the boundary (the command exits 130). A candidate
-that installs its own ``SIGINT`` handler, or an in-process one that calls ``os._exit``, is beyond
-any boundary: run untrusted indexers in the worker process (the default), where a dead process
-is a finding with its exit status.
+``KeyboardInterrupt``; such an interrupt passes the boundary (the command exits 130). An
+in-process candidate that calls ``os._exit`` or dies by a signal ends the process itself: the
+``indexer-conform`` command runs its judging in a supervised child
+(:mod:`pagedprefix.conformance.supervise`), so that too is a FAIL (exit 1, one line). A candidate
+that installs its own ``SIGINT`` handler is beyond any boundary: run untrusted indexers in the
+worker process (the default), where a dead process is a finding with its exit status.
 
 **One limit per candidate.** A candidate that hung (:class:`~pagedprefix.conformance.watchdog.EngineHung`:
 a call ran over its limit, so its state is unknown) or whose process is gone

@@ -22,7 +22,9 @@ the first, as a terminal's Ctrl-C delivers to both, is not a second interrupt).
 The fork is made only where it is safe and useful: on a platform with ``os.fork``, when standard
 output and standard error are the process's own file descriptors 1 and 2 (so the child's output
 reaches the same place; a caller that captured them in Python objects, e.g. ``typer.testing.CliRunner``,
-gets the run in its own process, unsupervised). ``PAGEDPREFIX_NO_SUPERVISE=1`` turns it off.
+gets the run in its own process, unsupervised), and when the process has no child yet (a worker
+started before the fork would answer to the parent, not to the child that drives it: the commands
+start their engines and indexers inside the run). ``PAGEDPREFIX_NO_SUPERVISE=1`` turns it off.
 """
 
 from __future__ import annotations
@@ -63,10 +65,27 @@ def _real_fd(stream: object, fd: int) -> bool:
         return False
 
 
+def has_children() -> bool:
+    """Whether this process has live child processes (Linux: ``/proc``; elsewhere ``False``)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children", encoding="ascii") as f:
+                if f.read().strip():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def can_supervise() -> bool:
     """Whether :func:`supervised` forks here (module docstring)."""
     return (
-        hasattr(os, "fork")
+        not has_children()
+        and hasattr(os, "fork")
         and threading.current_thread() is threading.main_thread()
         and os.environ.get(DISABLE_ENV, "") != "1"
         and _real_fd(sys.stdout, 1)

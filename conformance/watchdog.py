@@ -43,7 +43,10 @@ DEFAULT_START_TIMEOUT = 120.0
 
 
 class EngineLost(Exception):
-    """The engine can no longer be judged (it hung or exited): the run ends here, as a FAIL."""
+    """The engine can no longer be judged (it hung or exited): the run ends here, as a FAIL.
+    ``detail``: what more is known (a traceback, the engine's stderr), or ``""``."""
+
+    detail: str = ""
 
 
 class EngineHung(EngineLost):
