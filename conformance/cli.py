@@ -5,7 +5,9 @@ report as ``exit_code``):
 
 - 0: every check passed or was skipped by capability;
 - 1: a check failed — engine misbehaviour included (an adapter call that raises something other
-  than a spec error, returns the wrong type, or does not return within ``--call-timeout``);
+  than a spec error, returns the wrong type, or does not return within ``--call-timeout``; an
+  engine that ends the run: its worker exits or is killed, or it raises ``SystemExit`` or calls
+  ``os._exit`` in process, :mod:`pagedprefix.conformance.supervise`), or nothing was judged;
 - 2: a user error (an engine that cannot be loaded or is not a factory, a bad option, a file
   that cannot be read or written): one line on stderr, nothing run;
 - 3: no check failed, but the ``--time-budget`` safety stop ended the stateful run before every
