@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .properties import PROFILES, PROPERTIES, Property, Violation
 from .protocol import (
+    ADAPTER_PROTOCOL_VERSION,
     ALL_EXTRA_KINDS,
     AdapterBase,
     AdapterFactory,
@@ -29,6 +30,7 @@ from .protocol import (
 )
 
 __all__ = [
+    "ADAPTER_PROTOCOL_VERSION",
     "ALL_EXTRA_KINDS",
     "PROFILES",
     "PROPERTIES",

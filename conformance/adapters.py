@@ -30,7 +30,13 @@ from pagedprefix.spec import (
 )
 from pagedprefix.spec.events import Event, EventBatch, GroupKey
 
-from .protocol import ALL_EXTRA_KINDS, Capabilities, EngineUnavailable, PrefixCacheAdapter
+from .protocol import (
+    ADAPTER_PROTOCOL_VERSION,
+    ALL_EXTRA_KINDS,
+    Capabilities,
+    EngineUnavailable,
+    PrefixCacheAdapter,
+)
 
 
 class SpecShaped(Protocol):
@@ -74,6 +80,7 @@ def spec_capabilities(config: CacheConfig, groups: bool = True, events: bool = F
         retention=config.retention,
         group_free_order=config.group_free_order,
         events=events and not is_hybrid(config.groups, config.block_size),
+        protocol_version=ADAPTER_PROTOCOL_VERSION,
     )
 
 
@@ -219,6 +226,7 @@ RADIX_CAPABILITIES = Capabilities(
     exact_ids=False,
     publish="allocation",
     lookup_is_pure=True,
+    protocol_version=ADAPTER_PROTOCOL_VERSION,
 )
 """What the radix engine declares: every extra-key kind, its own eviction order (leaf-first LRU),
 duplicates kept privately, keys published at allocation, a pure ``lookup``."""

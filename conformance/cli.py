@@ -184,6 +184,8 @@ def _conform_run(args: ConformArgs, options: SuiteOptions, no_trace: bool) -> in
         if callable(close):
             close()
     _print(report)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json_path is not None:
         try:
             args.json_path.write_text(

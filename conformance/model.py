@@ -25,9 +25,15 @@ from .driver import (
 from .hybrid_judge import judge_for
 from .judge import Judge, first_error
 from .properties import Violation, at_least
-from .protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, close_adapter
+from .protocol import (
+    ADAPTER_PROTOCOL_VERSION,
+    AdapterFactory,
+    Capabilities,
+    PrefixCacheAdapter,
+    close_adapter,
+)
 
-FULL_CAPS = Capabilities(keys=True)
+FULL_CAPS = Capabilities(keys=True, protocol_version=ADAPTER_PROTOCOL_VERSION)
 
 
 class SpecModel:

@@ -76,6 +76,42 @@ RETENTION_CLAIMS: tuple[str, ...] = (*RETENTIONS, "other")
 GROUP_FREE_ORDER_CLAIMS: tuple[str, ...] = (*GROUP_FREE_ORDERS, "other")
 SAME_STEP_STATE_CLAIMS: tuple[str, ...] = ("defer", "miss")
 
+ADAPTER_PROTOCOL_VERSION = 4
+"""The adapter-protocol version this suite speaks: the set of :class:`Capabilities` fields (and
+the adapter methods they bring) it knows. An adapter declares the version it was written against
+in ``Capabilities.protocol_version``; conformance/CHANGELOG.md says what each version added.
+Distinct from the JSON-lines wire protocol's own version (``hello``'s ``"version"``,
+:mod:`pagedprefix.conformance.subprocess_adapter`)."""
+
+CAPABILITY_VERSIONS: Mapping[str, int] = {
+    "fork": 1,
+    "ref_cnt": 1,
+    "free_queue": 1,
+    "keys": 1,
+    "reset": 1,
+    "input_errors": 1,
+    "extras": 1,
+    "free_order": 1,
+    "dedup_on_full": 1,
+    "exact_ids": 1,
+    "publish": 1,
+    "lookup_is_pure": 1,
+    "publish_decode": 2,
+    "lookup": 2,
+    "block_sizes": 2,
+    "min_blocks": 2,
+    "max_blocks": 2,
+    "weak_hash": 2,
+    "verify_tokens": 2,
+    "spells_extras": 2,
+    "events": 3,
+    "groups": 4,
+    "retention": 4,
+    "group_free_order": 4,
+    "same_step_state": 4,
+}
+"""The adapter-protocol version that introduced each capability field (conformance/CHANGELOG.md)."""
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -137,6 +173,11 @@ class Capabilities:
             ``cached_keys() -> Mapping[(group, key), int]`` (its observable index: blocks holding
             each key). The suite takes them after every operation (profile ``core``: properties
             ``event-index``, ``event-sequence``, ``event-parents``, ``event-extras``).
+        protocol_version: the adapter-protocol version the adapter was written against (an int
+            ``>= 1``; :data:`ADAPTER_PROTOCOL_VERSION` is the current one). Undeclared means 1,
+            the oldest: the suite warns about each capability introduced after the declared
+            version and left at its default (:func:`protocol_warning`), since a stale adapter
+            runs with those defaults silently otherwise.
     """
 
     fork: bool = True
@@ -164,6 +205,7 @@ class Capabilities:
     group_free_order: str = "group_major"
     same_step_state: Literal["defer", "miss"] = "defer"
     events: bool = False
+    protocol_version: int = 1
 
     def claims_policy_of(self, config: CacheConfig) -> bool:
         """Whether the engine follows exactly the spec policy ``config`` names (for a hybrid
@@ -219,6 +261,7 @@ class Capabilities:
             "group_free_order": self.group_free_order,
             "same_step_state": self.same_step_state,
             "events": self.events,
+            "protocol_version": self.protocol_version,
         }
 
     @classmethod
@@ -239,7 +282,10 @@ class Capabilities:
         return caps
 
     def check(self) -> None:
-        """Raise ``ValueError`` unless the declaration is coherent (sizes >= 1, sorted)."""
+        """Raise ``ValueError`` unless the declaration is coherent (sizes >= 1, sorted; a
+        ``protocol_version`` that is an int >= 1)."""
+        if not _is_int(self.protocol_version) or self.protocol_version < 1:
+            raise ValueError(f"protocol_version must be an int >= 1, got {self.protocol_version!r}")
         if self.block_sizes is not None and (
             not self.block_sizes or list(self.block_sizes) != sorted(set(self.block_sizes))
         ):
@@ -284,7 +330,7 @@ def _capability_field(name: str, value: object) -> object:
         if not isinstance(value, list) or not all(_is_int(v) and v >= 1 for v in value):
             raise ValueError("block_sizes must be null or a list of ints >= 1")
         return tuple(value)
-    if name in ("min_blocks", "max_blocks"):
+    if name in ("min_blocks", "max_blocks", "protocol_version"):
         if name == "max_blocks" and value is None:
             return None
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -293,6 +339,40 @@ def _capability_field(name: str, value: object) -> object:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be a bool")
     return value
+
+
+def protocol_warning(caps: Capabilities) -> str | None:
+    """One line naming what a stale (or too new) adapter-protocol declaration leaves unchecked, or
+    ``None`` for an adapter that declares :data:`ADAPTER_PROTOCOL_VERSION`.
+
+    For an older ``caps.protocol_version``: every capability introduced after it
+    (:data:`CAPABILITY_VERSIONS`) whose value is still the default, with the version that added
+    it. Such a default may be what the engine does, or a capability its author never saw (e.g. an
+    SGLang-style engine without ``publish_decode="free"`` FAILs ``maximal-hits``); the line says
+    which. For a newer one: that this suite does not know what it added. A warning, never a
+    verdict (conformance/CHANGELOG.md).
+    """
+    declared = caps.protocol_version
+    if declared > ADAPTER_PROTOCOL_VERSION:
+        return (
+            f"the adapter declares protocol_version {declared}, newer than this suite's "
+            f"{ADAPTER_PROTOCOL_VERSION}: capabilities added since are unknown here and not checked "
+            "(upgrade pagedprefix; conformance/CHANGELOG.md)"
+        )
+    if declared == ADAPTER_PROTOCOL_VERSION:
+        return None
+    default = Capabilities()
+    left = [
+        f"{name} (v{version})"
+        for name, version in CAPABILITY_VERSIONS.items()
+        if version > declared and getattr(caps, name) == getattr(default, name)
+    ]
+    what = f"; left at their defaults: {', '.join(left)}" if left else ""
+    return (
+        f"the adapter declares protocol_version {declared} (this suite: {ADAPTER_PROTOCOL_VERSION})"
+        f"{what}; check each against the engine (conformance/CHANGELOG.md), then declare "
+        f"protocol_version={ADAPTER_PROTOCOL_VERSION}"
+    )
 
 
 @runtime_checkable

@@ -33,6 +33,7 @@ from .protocol import (
     EngineUnavailable,
     UnsupportedConfig,
     import_factory,
+    protocol_warning,
 )
 from .seeding import NAME as KEY_SEEDING
 from .seeding import key_seeding_result, register_respawn
@@ -134,6 +135,7 @@ class SuiteReport:
     stateful: StatefulReport | None = None
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # e.g. a stale protocol_version; no verdict
 
     @property
     def ok(self) -> bool:
@@ -170,6 +172,7 @@ class SuiteReport:
             "seconds": round(self.seconds, 3),
             "capabilities": None if self.capabilities is None else self.capabilities.to_json(),
             "errors": self.errors,
+            "warnings": self.warnings,
             "rows": [r.to_json() for r in self.rows],
             "vectors": None
             if vec is None
@@ -430,6 +433,9 @@ def _run_all(
         return
     caps, probe_config = probed
     report.capabilities = caps
+    warning = protocol_warning(caps)
+    if warning is not None:
+        report.warnings.append(warning)
 
     def phase(name: str) -> Callable[[int, int], None]:
         def update(done: int, total: int) -> None:
@@ -557,6 +563,7 @@ def _notes(report: SuiteReport) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if report.capabilities is not None:
         out.append(("capabilities", str(report.capabilities.to_json())))
+    out.extend(("warning", w) for w in report.warnings)
     never = report.never_ran()
     if never:
         out.append(("note", f"{len(never)} vector cases never ran (see --json for the list)"))

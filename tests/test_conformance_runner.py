@@ -53,6 +53,7 @@ def test_readme_minimal_adapter_passes_maximal_with_skips_reported() -> None:
     engine = readme_engine()
     report = run_suite(engine, SuiteOptions(profile="maximal", max_examples=60))
     assert report.ok, [(r.name, r.detail) for r in report.rows if r.status == "fail"]
+    assert report.warnings == []  # it declares the current adapter-protocol version
     rows = {r.name: r for r in report.rows}
     for prop in ("held-blocks", "hit-content", "cow-isolation", "accounting", "maximal-hits", "progress"):
         assert rows[prop].status == "pass"
@@ -90,6 +91,7 @@ def test_engine_publishing_at_step_passes_maximal() -> None:
     engine = step_publishing_engine()
     report = run_suite(engine, SuiteOptions(profile="maximal", max_examples=60))
     assert report.ok, [(r.name, r.detail) for r in report.rows if r.status == "fail"]
+    assert report.warnings == []  # it declares the current adapter-protocol version
     assert {r.name: r.status for r in report.rows}["maximal-hits"] == "pass"
 
     class NeverStepped(engine):  # type: ignore[misc, valid-type]

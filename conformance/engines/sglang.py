@@ -111,7 +111,13 @@ from pagedprefix.spec import (
     UnknownRequest,
 )
 
-from ..protocol import AdapterBase, Capabilities, EngineUnavailable, UnsupportedConfig
+from ..protocol import (
+    ADAPTER_PROTOCOL_VERSION,
+    AdapterBase,
+    Capabilities,
+    EngineUnavailable,
+    UnsupportedConfig,
+)
 from . import _harness
 from ._harness import Loaded, StandIn
 
@@ -320,6 +326,9 @@ CAPABILITIES = Capabilities(
     weak_hash=False,
     verify_tokens=False,
     spells_extras=True,
+    groups=frozenset(),
+    events=False,
+    protocol_version=ADAPTER_PROTOCOL_VERSION,
 )
 
 

@@ -168,7 +168,7 @@ from pagedprefix.spec.extras import TAG_LORA, ExtraField
 from pagedprefix.spec.hybrid import config_groups
 
 from ..event_check import UNTAGGED
-from ..protocol import AdapterBase, Capabilities, UnsupportedConfig
+from ..protocol import ADAPTER_PROTOCOL_VERSION, AdapterBase, Capabilities, UnsupportedConfig
 from . import _harness
 from ._harness import Loaded, StandIn
 
@@ -353,6 +353,8 @@ CAPABILITIES = Capabilities(
     retention="replay",
     group_free_order="group_major",
     same_step_state="defer",
+    events=False,
+    protocol_version=ADAPTER_PROTOCOL_VERSION,
 )
 
 
