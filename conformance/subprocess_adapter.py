@@ -50,6 +50,11 @@ cached_keys (v3)    {"handle"}                            {"cached_keys": [[grou
 shutdown            {}                                    null, then the server exits
 ==================  ====================================  ==========================================
 
+The ``capabilities`` of ``create`` are the JSON form of
+:class:`~pagedprefix.conformance.protocol.Capabilities` (``Capabilities.to_json``); its
+``"protocol_version"`` field is the *adapter*-protocol version (the capability set,
+conformance/CHANGELOG.md; 1 when absent), distinct from this wire protocol's ``"version"``.
+
 ``observe`` answers every observation of one step in one round trip (an error in any of them is
 the reply's error). A version-1 server gets the single observations instead.
 
