@@ -1,8 +1,9 @@
 """Every ``pip install`` line of the READMEs, run as written in a fresh virtual environment, then
 what the line claims to enable (an install line that misses a package fails here, not for a user).
 
-Slow (wheels are downloaded and installed: PyPI only, the pip cache reused) and run by ``nox -s
-engines``. One fresh venv per fenced code block: the block's ``pip install`` commands run in order
+The fresh-venv runs are marked slow (wheels are downloaded and installed: PyPI only, the pip cache
+reused) and run by ``nox -s engines``; the check that every block has a claim runs by default. One
+fresh venv per fenced code block: the block's ``pip install`` commands run in order
 (``&&`` chains split, ``\\`` continuations joined, ``--no-deps`` kept), then its claim. Two set-up
 steps a block may lack, both stated by the READMEs around it: the project itself (``pip install
 .``) for a block that adds to it (e.g. ``pip install pytest``), and the CPU build of torch
@@ -22,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[1]
 DOCS = ("README.md", "conformance/engines/README.md")
@@ -124,13 +123,18 @@ def run(argv: list[str], venv: Path, timeout: float) -> subprocess.CompletedProc
 
 
 def test_every_readme_block_with_an_install_line_has_a_claim() -> None:
+    """Not slow (default session): a new install line without a claim fails at once."""
     assert len(BLOCKS) >= 8, [b.id for b in BLOCKS]
+    readme_engines = next(b for b in BLOCKS if b.doc == "README.md" and "vllm==0.33.0" in b.args)
+    assert readme_engines.commands[1][:3] == ("pip", "install", "--no-deps")  # the \ line joined
+    assert "packaging==26.4" in readme_engines.args and ".[kernels]" in readme_engines.args
     engines = [b for b in BLOCKS if any(a.startswith("vllm==") for a in b.args)]
     assert len(engines) == 2  # README's line and conformance/engines/README.md's block
     for block in BLOCKS:
         claims(block)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
 def test_install_block_in_a_fresh_venv(block: Block, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
