@@ -110,6 +110,23 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``pagedprefix`` console script (``argv``: the arguments, default
-    ``sys.argv[1:]``); exits with the command's status."""
+    ``sys.argv[1:]``); exits with the command's status.
+
+    Called as the process's entry point (``argv`` ``None``), it first makes this process the
+    harness of the run (:func:`pagedprefix.conformance.lifetime.harness_setup`: a child subreaper,
+    SIGTERM and SIGHUP an orderly exit with status 128 + signum that runs every clean-up, every
+    process below it killed at exit); a caller that passes ``argv`` (a test, in its own process)
+    keeps its own signal handling."""
+    if argv is None:
+        from pagedprefix.conformance.lifetime import Terminated, harness_setup
+
+        harness_setup()
+        try:
+            _register()
+            app(args=argv, prog_name="pagedprefix")
+        except Terminated as exc:
+            typer.echo(f"pagedprefix: {exc}", err=True)
+            raise
+        return
     _register()
     app(args=argv, prog_name="pagedprefix")
