@@ -19,6 +19,7 @@ or ``KeyboardInterrupt`` must be a FAIL (exit 1, one line), never a PASS.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -126,10 +127,8 @@ def token() -> Iterator[str]:
     value = uuid.uuid4().hex
     yield value
     for pid in marked(value):
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 @pytest.fixture
@@ -139,7 +138,8 @@ def engine(tmp_path: Path) -> str:
     return name
 
 
-def start_conform(tmp_path: Path, token: str, engine: str, factory: str, *extra: str) -> subprocess.Popen[str]:
+def start_conform(tmp_path: Path, token: str, engine: str, factory: str,
+                  *extra: str) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "pagedprefix", "conform", "--no-trace", "--max-examples", "20",
             "--engine", f"{engine}:{factory}", "--path", str(tmp_path), *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
@@ -201,6 +201,51 @@ def test_a_signal_to_conform_leaves_no_process(tmp_path: Path, token: str, engin
         assert "Traceback" not in err
         if signum in (signal.SIGTERM, signal.SIGHUP):
             assert err.strip().splitlines()[-1] == f"pagedprefix: terminated by {signal.Signals(signum).name}"
+        assert gone(token) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+INDEXER = textwrap.dedent('''
+    """The reference indexer behind a factory that starts the same setsid, double-forked daemon;
+    its queries never return once the daemon is up."""
+    import time
+    from pagedprefix.cluster import ReferenceIndexer
+    from {engine} import _spawn, HERE
+
+    class Sleeps(ReferenceIndexer):
+        def query(self, keys, num_tokens):
+            (HERE / "sleeping").write_text("")
+            time.sleep(1000)
+
+    def sleeps(config):
+        _spawn()
+        return Sleeps(config)
+''')
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_to_indexer_conform_over_jsonl_leaves_no_process(
+        tmp_path: Path, token: str, engine: str, signum: int) -> None:
+    indexer = f"ix_{engine}"
+    (tmp_path / f"{indexer}.py").write_text(INDEXER.format(engine=engine))
+    command = f"jsonl:{sys.executable} -m pagedprefix.cluster.jsonl_server --indexer {indexer}:sleeps"
+    env = {**os.environ, MARK: token,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "pagedprefix", "indexer-conform", "--indexer", command,
+                             "--call-timeout", "300", "--generated", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "sleeping").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]  # type: ignore[union-attr]
+            time.sleep(0.05)
+        during = marked(token)
+        assert len(during) >= 5 and daemon_pid(tmp_path) in during
+        proc.send_signal(signum)
+        proc.communicate(timeout=60)
+        assert proc.returncode == (128 + signum if signum != signal.SIGKILL else -signum)
         assert gone(token) == []
     finally:
         proc.kill()
@@ -290,8 +335,9 @@ def test_sweep_command_fails_a_cell_that_exits_its_worker(tmp_path: Path, token:
     env = {**os.environ, MARK: token, CELL_HOOK_ENV: "lifetime_cells:exits_3",
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pagedprefix", "sweep", "--replicas", "1,2", "--workers", "2",
-                           "--", *REST], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pagedprefix", "sweep", "--replicas", "1,2",
+                           "--workers", "2", "--", *REST],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert time.monotonic() - start < 60
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
