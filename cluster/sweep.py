@@ -44,7 +44,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import typer
-from pagedprefix.conformance.lifetime import worker_setup
+from pagedprefix.conformance.lifetime import watching_descendants, worker_setup
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, prepare_job, replay_command
 from pagedprefix.replay.cli_common import fail
 
@@ -330,24 +330,64 @@ def _handle(slot: _Slot, message: tuple[Any, ...], cells: list[list[str]], out: 
 @contextmanager
 def ray_cluster(workers: int) -> Iterator[Any]:
     """Connect to ``RAY_ADDRESS``, or start a local Ray cluster of ``workers`` CPUs; shut down on
-    exit. Yields the ``ray`` module. Raises ``ImportError`` without Ray."""
+    every exit path (this process's SIGTERM, SIGHUP and SIGINT handlers are kept: Ray's own would
+    replace them), and a local cluster's processes killed even when this process is SIGKILLed
+    (:func:`~pagedprefix.conformance.lifetime.watching_descendants`). Yields the ``ray`` module.
+    Raises ``ImportError`` without Ray."""
     import ray
 
     address = os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address is None:
         kwargs["num_cpus"] = workers
-    ray.init(address=address, **kwargs)
+    ours = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    with contextlib.ExitStack() as stack:
+        if address is None:  # a cluster of our own: its daemons go with this process, SIGKILL included
+            stack.enter_context(watching_descendants())
+        try:
+            ray.init(address=address, **kwargs)
+        finally:
+            for signum, handler in ours.items():  # Ray installs its own: SIGTERM must still end us cleanly
+                if handler is not None:
+                    signal.signal(signum, handler)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+
+
+def _ray_cell(argv: list[str]) -> tuple[str, Any]:
+    """One cell in a Ray task: ``("rows", rows)``, ``("user", message)`` (a :class:`CellError`) or
+    ``("raised", what)`` (anything else, ``SystemExit`` and ``KeyboardInterrupt`` included)."""
     try:
-        yield ray
-    finally:
-        ray.shutdown()
+        hook = _cell_hook()
+        if hook is not None:
+            hook(list(argv))
+        return "rows", run_cell(argv)
+    except CellError as exc:
+        return "user", str(exc)
+    except BaseException as exc:
+        return "raised", _what(exc)
+
+
+def _ray_result(ray: Any, ref: Any, argv: list[str]) -> list[Row]:
+    try:
+        kind, value = ray.get(ref)
+    except Exception as exc:  # the task's worker died (ray.exceptions.WorkerCrashedError, ...)
+        raise CellFailed(f"{_cell_name(argv)} killed its worker ({type(exc).__name__})") from None
+    if kind == "user":
+        raise CellError(value)
+    if kind == "raised":
+        raise CellFailed(f"{_cell_name(argv)} raised {value}")
+    rows: list[Row] = value
+    return rows
 
 
 def run_ray(cells: list[list[str]], workers: int, cell_timeout: float, progress: Progress) -> list[list[Row]]:
-    """The cells as Ray tasks (one CPU each). Raises ``TimeoutError`` (the tasks are cancelled)."""
+    """The cells as Ray tasks (one CPU each). Raises ``TimeoutError`` (the tasks are cancelled),
+    :class:`CellFailed` or :class:`CellError` as :func:`run_local` does."""
     with ray_cluster(workers) as ray:
-        task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
+        task = ray.remote(num_cpus=1, max_retries=0)(_ray_cell)
         refs = [task.remote(cell) for cell in cells]
         index = {ref: i for i, ref in enumerate(refs)}
         out: list[list[Row] | None] = [None] * len(cells)
@@ -358,7 +398,7 @@ def run_ray(cells: list[list[str]], workers: int, cell_timeout: float, progress:
                 if not done:
                     raise TimeoutError(f"no cell finished within --cell-timeout {cell_timeout:g} s")
                 for ref in done:
-                    out[index[ref]] = ray.get(ref)
+                    out[index[ref]] = _ray_result(ray, ref, cells[index[ref]])
                 progress(len(cells) - len(pending))
         finally:
             for ref in pending:

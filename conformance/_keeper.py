@@ -165,10 +165,61 @@ def _watch(sock: socket.socket, worker: subprocess.Popen[bytes]) -> int | None:
             os.close(pidfd)
 
 
+def start_time(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks after boot, from ``/proc``; ``None`` where unknown),
+    to tell a process from a later one that got its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def watch(root: int, sock: socket.socket, every: float = 0.5) -> None:
+    """Note every new process below ``root`` (not one there when the watch began; ``ok`` is sent on
+    ``sock`` once those are known) each ``every`` seconds until ``sock`` reads end-of-file (``root``
+    let go of it, exited or was killed), then kill each noted process still alive (the same start
+    time: not a reuse of its pid) and every process below it now. For what does not stay
+    below its starter: a local Ray cluster's daemons reparent to ``init`` when the harness dies."""
+    me = os.getpid()
+    noted: dict[int, str | None] = {}
+    before = set(descendants(root))  # what was there already is not the body's to end
+    sock.sendall(b"ok\n")
+    while True:
+        ready, _, _ = select.select([sock], [], [], every)
+        if ready:
+            try:
+                data = sock.recv(64)
+            except OSError:
+                data = b""
+            if not data:
+                break
+        for pid in descendants(root):
+            if pid != me and pid not in noted and pid not in before:
+                noted[pid] = start_time(pid)
+    for _ in range(3):
+        alive = [pid for pid, started in noted.items() if start_time(pid) == started and started is not None]
+        if not alive:
+            return
+        for pid in alive:
+            for victim in [pid, *descendants(pid)]:
+                if victim != me:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(victim, signal.SIGKILL)
+        time.sleep(0.05)
+
+
 def main(argv: list[str]) -> int:
-    """``FD -- COMMAND...``: keep ``COMMAND``; the exit status is the worker's."""
+    """``FD -- COMMAND...``: keep ``COMMAND``; the exit status is the worker's. ``--watch PID FD``:
+    :func:`watch` the processes below ``PID``."""
+    if len(argv) == 3 and argv[0] == "--watch":
+        with contextlib.suppress(KeyboardInterrupt):
+            watch(int(argv[1]), socket.socket(fileno=int(argv[2])))
+        return 0
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: _keeper.py FD -- COMMAND...", file=sys.stderr)
+        print("usage: _keeper.py FD -- COMMAND... | _keeper.py --watch PID FD", file=sys.stderr)
         return 2
     sock = socket.socket(fileno=int(argv[0]))
     me = os.getpid()

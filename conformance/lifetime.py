@@ -16,7 +16,9 @@ Exit paths of the harness (``pagedprefix ...``) and what ends its processes on e
   kills the server's whole tree (reparented daemons included) the moment that socket reads
   end-of-file: when the harness closes it, exits or is killed. Pool workers of ``sweep`` get
   :func:`worker_setup`: ``PR_SET_PDEATHSIG(SIGKILL)`` (they die with the harness) and their own
-  process group.
+  process group. A local Ray cluster (``sweep --executor ray``) runs under
+  :func:`watching_descendants`: a watcher notes the processes below the harness twice a second and
+  kills them when the harness goes (Ray's daemons do not stay below it once it is gone).
 
 The keeper also ends the tree when the server itself exits (a daemon a server spawned does not
 outlive it), and exits with the server's status, so that the harness sees a dead server at once:
@@ -42,6 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -56,7 +59,9 @@ __all__ = [
     "harness_setup",
     "kill_descendants",
     "kill_tree",
+    "received",
     "start_kept",
+    "watching_descendants",
     "worker_setup",
 ]
 
@@ -77,12 +82,21 @@ class Terminated(SystemExit):
 
 
 _setup: list[bool] = []
+_received: list[int] = []
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     for other in STOP_SIGNALS:  # a second signal must not cut the clean-up short
         signal.signal(other, signal.SIG_IGN)
+    _received.append(signum)
     raise Terminated(signum)
+
+
+def received() -> int | None:
+    """The stop signal :func:`harness_setup`'s handler got (``None``: none). A library that
+    turns the handler's :class:`Terminated` into an exception of its own (Ray's ``wait`` raises
+    ``SystemExit(1)``) cannot hide it: the entry point asks here."""
+    return _received[0] if _received else None
 
 
 def kill_descendants(timeout: float = 5.0) -> None:
@@ -113,6 +127,42 @@ def worker_setup(parent: int) -> None:
     race with a harness that is already gone)."""
     os.setpgrp()
     set_parent_death_signal(signal.SIGKILL, parent)
+
+
+@contextlib.contextmanager
+def watching_descendants() -> Iterator[None]:
+    """While the body runs, a watcher process (:func:`pagedprefix.conformance._keeper.watch`, in a
+    new session) notes every new process below this one (not those there before) twice a second;
+    when the body ends, or this process dies (SIGKILL included), it kills those still alive and
+    everything below them. For
+    processes that do not stay below their starter (a local Ray cluster's GCS and raylet reparent to
+    ``init`` when the harness dies); one started less than half a second before a SIGKILL can be
+    missed."""
+    mine, theirs = socket.socketpair()
+    try:
+        watcher = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(KEEPER), "--watch", str(os.getpid()), str(theirs.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            pass_fds=(theirs.fileno(),),
+        )
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    try:
+        with contextlib.suppress(OSError):  # no report: the body runs unwatched
+            _read_report(mine, 60.0)
+        yield
+    finally:
+        mine.close()
+        try:
+            watcher.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            watcher.wait()
 
 
 class KeptProcess:

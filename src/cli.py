@@ -118,15 +118,19 @@ def main(argv: list[str] | None = None) -> None:
     process below it killed at exit); a caller that passes ``argv`` (a test, in its own process)
     keeps its own signal handling."""
     if argv is None:
-        from pagedprefix.conformance.lifetime import Terminated, harness_setup
+        from pagedprefix.conformance.lifetime import Terminated, harness_setup, received
 
         harness_setup()
         try:
             _register()
             app(args=argv, prog_name="pagedprefix")
-        except Terminated as exc:
-            typer.echo(f"pagedprefix: {exc}", err=True)
-            raise
+        except BaseException as exc:
+            signum = received()
+            if signum is None:
+                raise
+            ended = exc if isinstance(exc, Terminated) else Terminated(signum)
+            typer.echo(f"pagedprefix: {ended}", err=True)
+            raise ended from None
         return
     _register()
     app(args=argv, prog_name="pagedprefix")

@@ -357,3 +357,60 @@ def test_sweep_command_fails_a_cell_that_raises_system_exit_0(tmp_path: Path, to
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith("raised SystemExit(0)"), proc.stderr
     assert gone(token) == []
+
+
+def _running_a_ray_cell(token: str) -> bool:
+    for pid in marked(token):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::_ray_cell"):
+                return True
+    return False
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_to_a_ray_sweep_leaves_no_process(tmp_path: Path, token: str, signum: int) -> None:
+    """The local Ray cluster (GCS, raylet, workers) goes with the sweep; on SIGTERM the sweep still
+    exits 143 although Ray installs SIGTERM handlers of its own and turns the signal into
+    ``SystemExit(1)`` inside ``ray.wait``."""
+    if os.environ.get("PAGEDPREFIX_REQUIRE_CLUSTER") != "1":
+        pytest.importorskip("ray")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "pagedprefix", "sweep", "--executor", "ray",
+                             "--workers", "1",
+                             "--replicas", "2", "--", "--limit", "20000", "--num-blocks", "unbounded"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**env, MARK: token})
+    try:
+        deadline = time.monotonic() + 180
+        while not _running_a_ray_cell(token):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]  # type: ignore[union-attr]
+            time.sleep(0.2)
+        assert len(marked(token)) >= 4  # the sweep, the GCS, the raylet, the worker running the cell
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == (128 + signum if signum != signal.SIGKILL else -signum), err[-2000:]
+        if signum == signal.SIGTERM:
+            assert err.strip().splitlines()[-1] == "pagedprefix: terminated by SIGTERM"
+        assert gone(token, seconds=20) == []  # Ray alone took up to a minute after a SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("hook", "what"), [
+    ("raises_system_exit_0", "raised SystemExit(0)"),
+    ("exits_3", "killed its worker"),
+])
+def test_a_ray_cell_that_breaks_fails(monkeypatch: pytest.MonkeyPatch, hook: str, what: str) -> None:
+    if os.environ.get("PAGEDPREFIX_REQUIRE_CLUSTER") != "1":
+        pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv(CELL_HOOK_ENV, f"lifetime_cells:{hook}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    start = time.monotonic()
+    with pytest.raises(CellFailed) as caught:
+        run_sweep(CELLS, "ray", 2, cell_timeout=3600)
+    assert time.monotonic() - start < 120
+    assert str(caught.value).startswith(f"cell 'pagedprefix replay {' '.join(CELLS[1])}' {what}")
