@@ -100,7 +100,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def cluster(session: nox.Session) -> None:
     """The cluster tests that need the cluster extra (pyzmq and Ray, pinned in pyproject.toml):
-    events over real ZeroMQ PUB/SUB on loopback equal in-process, and a sweep on a local Ray cluster
+    events over real ZeroMQ PUB/SUB (IPC, and TCP with CURVE) equal in-process, hostile subscribers and
+    replayed messages are kept out or caught, and a sweep on a local Ray cluster
     (real GCS, raylet and worker processes, started by the test) equals the local one cell for cell."""
     install_package(session, "cluster", "plot")
     session.install(*DEV)
@@ -113,6 +114,7 @@ def cluster(session: nox.Session) -> None:
         "no:cacheprovider",
         "tests/test_cluster_replay.py",
         "tests/test_cluster_sweep.py",
+        "tests/test_cluster_transport.py",
         env={"PAGEDPREFIX_REQUIRE_CLUSTER": "1", "RAY_ADDRESS": ""},
     )
 

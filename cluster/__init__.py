@@ -10,7 +10,7 @@ multi-replica replay with routers, and sweeps.
   language.
 """
 
-from .conform import Finding, IndexerFactory, Verdict, judge, judge_scenario
+from .conform import Finding, IndexerFactory, Verdict, all_passed, judge, judge_scenario
 from .indexer import Answers, IndexerConfig, KVIndexer, ReferenceIndexer, reference_indexer
 from .prefix import GROUP_KINDS, GroupSpec, alignment, full_groups, longest_prefix
 from .scenarios import builtin_scenarios
@@ -30,6 +30,7 @@ __all__ = [
     "ScenarioBuilder",
     "Verdict",
     "alignment",
+    "all_passed",
     "builtin_scenarios",
     "full_groups",
     "judge",

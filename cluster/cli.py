@@ -7,8 +7,10 @@ Examples::
     pagedprefix indexer-conform --indexer "jsonl:./my-indexer --serve" --json report.json
     pagedprefix indexer-conform --list
 
-Exit status: 0 every scenario passed, 1 a finding, 2 a user error (an indexer that cannot be
-loaded, an unknown scenario, an output that cannot be written).
+Exit status: 0 every scenario judged and passed, 1 a finding (an exception of any kind the
+indexer raised, ``SystemExit(0)`` included, a hang, a dead indexer process, a scenario not run
+because of one of those, or no scenario judged at all), 2 a user error (an indexer that cannot be
+loaded, an unknown scenario, an output that cannot be written), 130 the user's Ctrl-C.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Annotated, Any
 import typer
 from pagedprefix.conformance.protocol import EngineUnavailable
 from pagedprefix.conformance.subprocess_adapter import EngineProcessError
+from pagedprefix.conformance.supervise import supervised_command
 from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
 from pagedprefix.conformance.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
 from pagedprefix.conformance.watchdog import EngineHung
@@ -34,8 +37,10 @@ from pagedprefix.spec import PrefixCacheError
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from .conform import IndexerFactory, Verdict, judge
+from .conform import IndexerFactory, Verdict, all_passed, interrupted_by_user, judge, user_interrupts
+from .jsonl import IndexerReplyError
 from .load import open_indexer
 from .options import cluster_options
 from .replay import ClusterOptions, ClusterResult, run_with_twin
@@ -89,10 +94,12 @@ def _table(verdicts: list[Verdict]) -> Table:
     for name in ("scenario", "verdict", "queries", "resyncs", "finding"):
         table.add_column(name, overflow="fold")
     for v in verdicts:
-        finding = "" if v.finding is None else f"step {v.finding.step}" + (
+        finding = v.not_run if v.finding is None else f"step {v.finding.step}" + (
             f" {v.finding.source}" if v.finding.source else "") + f": {v.finding.message}"
-        table.add_row(v.scenario.name, "PASS" if v.passed else "[red]FAIL[/red]", str(v.queries),
-                      f"{v.candidate_resyncs}/{v.reference_resyncs}", finding)
+        status = "PASS" if v.passed else f"[red]{v.status}[/red]"
+        # The finding quotes the candidate (its exceptions' text): never read as markup.
+        table.add_row(v.scenario.name, status, str(v.queries), f"{v.candidate_resyncs}/{v.reference_resyncs}",
+                      Text(finding))
     table.caption = "resyncs: asked by the indexer / by the reference"
     return table
 
@@ -100,8 +107,9 @@ def _table(verdicts: list[Verdict]) -> Table:
 def _report(indexer: str, verdicts: list[Verdict]) -> dict[str, object]:
     return {
         "format": "pagedprefix.indexer-conform", "version": 1, "indexer": indexer,
-        "passed": all(v.passed for v in verdicts),
+        "passed": all_passed(verdicts),
         "scenarios": [{"name": v.scenario.name, "doc": v.scenario.doc, "passed": v.passed,
+                       "status": v.status, "not_run": v.not_run,
                        "queries": v.queries, "candidate_resyncs": v.candidate_resyncs,
                        "reference_resyncs": v.reference_resyncs,
                        "finding": None if v.finding is None else {
@@ -138,26 +146,66 @@ def indexer_conform_command(
         for s in scenarios:
             typer.echo(f"{s.name}: {' '.join(s.doc.split())}")
         return
-    try:
-        loaded = open_indexer(indexer, in_process=in_process, paths=path or [], call_timeout=call_timeout,
-                              start_timeout=start_timeout)
-        loaded.start()
-    except (EngineUnavailable, EngineProcessError, EngineHung) as exc:
-        raise fail(COMMAND, exc) from None
-    try:
-        verdicts = judge(loaded.factory, scenarios)
-    finally:
-        loaded.close()
+    supervised_command(
+        lambda: _indexer_conform_run(indexer, in_process, path or [], call_timeout, start_timeout, scenarios,
+                                     out, json_path),
+        COMMAND,
+    )
+
+
+def _indexer_conform_run(indexer: str, in_process: bool, paths: list[Path], call_timeout: float,
+                         start_timeout: float, scenarios: list[Scenario], out: Console,
+                         json_path: Path | None) -> None:
+    """Judge the indexer, print the table, write the report (in the supervised child:
+    :mod:`pagedprefix.conformance.supervise`, so an in-process indexer's ``os._exit`` is a FAIL)."""
+    verdicts = _judge_indexer(indexer, in_process, paths, call_timeout, start_timeout, scenarios)
     out.print(_table(verdicts))
-    failed = sum(not v.passed for v in verdicts)
-    out.print(f"{len(verdicts) - failed} passed, {failed} failed", markup=False, highlight=False)
+    passed = sum(v.passed for v in verdicts)
+    not_run = sum(not v.ran for v in verdicts)
+    out.print(f"{passed} passed, {len(verdicts) - passed - not_run} failed, {not_run} not run",
+              markup=False, highlight=False)
     if json_path is not None:
         try:
             json_path.write_text(json.dumps(_report(indexer, verdicts), indent=2) + "\n")
         except OSError as exc:
             raise fail(COMMAND, f"--json {json_path}: cannot write: {exc}") from None
-    if failed:
+    lost = next((v.finding for v in verdicts if v.finding is not None and v.finding.fatal), None)
+    if lost is not None:
+        raise fail(COMMAND, f"FAIL: the indexer is lost ({lost}); {not_run} scenario(s) not run", code=1)
+    if not any(v.ran for v in verdicts):
+        raise fail(COMMAND, "FAIL: no scenario was judged, which is not a pass", code=1)
+    if not all_passed(verdicts):
         raise typer.Exit(1)
+
+
+def _judge_indexer(indexer: str, in_process: bool, paths: list[Path], call_timeout: float,
+                   start_timeout: float, scenarios: list[Scenario]) -> list[Verdict]:
+    """Open the indexer and judge it. The indexer's own failure while it is loaded (in process: its
+    module raising anything, ``SystemExit`` included) is a FAIL (exit 1, one line); one that cannot
+    be found or started is a user error (exit 2); the user's Ctrl-C exits 130."""
+    with user_interrupts():
+        try:
+            try:
+                loaded = open_indexer(indexer, in_process=in_process, paths=paths,
+                                      call_timeout=call_timeout, start_timeout=start_timeout)
+                loaded.start()
+            except (EngineUnavailable, EngineProcessError, EngineHung) as exc:
+                raise fail(COMMAND, exc) from None
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # the indexer's module, run here: its failure, not the user's
+                what = " ".join(str(exc).split())[:300]
+                raise fail(COMMAND, f"FAIL: loading the indexer {indexer!r} raised "
+                                    f"{type(exc).__name__}" + (f": {what}" if what else ""), code=1) from None
+            try:
+                return judge(loaded.factory, scenarios)
+            finally:
+                loaded.close()
+        except KeyboardInterrupt:
+            if not interrupted_by_user():
+                raise fail(COMMAND, f"FAIL: loading the indexer {indexer!r} raised KeyboardInterrupt",
+                           code=1) from None
+            raise fail(COMMAND, "interrupted (SIGINT): no verdict", code=130) from None
 
 
 REPLAY = "replay"
@@ -172,7 +220,7 @@ def cluster_runner(args: ClusterArgs) -> ClusterRunner:
         options = cluster_options(args)
     except ValueError as exc:
         raise fail(REPLAY, exc) from None
-    if options.transport == "zmq" and not zmq_available():
+    if options.transport.startswith("zmq") and not zmq_available():
         raise fail(REPLAY, ZMQ_HINT)
     try:
         loaded = open_indexer(args.indexer)
@@ -206,7 +254,7 @@ def _run_capacity(job: ReplayJob, config: ReplayConfig, options: ClusterOptions,
         raise fail(REPLAY, exc) from None
     except TransportError as exc:
         raise fail(REPLAY, f"event transport failed: {exc}", code=1) from None
-    except (EngineProcessError, EngineHung) as exc:
+    except (EngineProcessError, EngineHung, IndexerReplyError) as exc:
         raise fail(REPLAY, f"indexer {indexer!r} failed: {exc}", code=1) from None
     except Exception as exc:  # the engine itself failed: not a user error
         raise fail(REPLAY, f"cluster replay failed: {type(exc).__name__}: {exc}", code=1) from None
@@ -237,6 +285,11 @@ def _axis(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
+def _quote(text: str, limit: int = 300) -> str:
+    """``text`` quoted for a one-line error, cut to ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def sweep_command(
     ctx: typer.Context,
     trace: Annotated[str | None, typer.Option(help=_H_AXIS)] = None,
@@ -265,23 +318,26 @@ def sweep_command(
         raise fail(SWEEP, f"--{empty[0]} needs at least one value")
     if executor not in EXECUTORS:
         raise fail(SWEEP, f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    if executor == "ray" and not ray_available():
-        raise fail(SWEEP, RAY_HINT)
     _check_seconds_for(SWEEP, "--cell-timeout", cell_timeout)
     problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
     if problem is not None:
         raise fail(SWEEP, problem)
-    cells = grid(axes, list(ctx.args))
+    try:
+        cells = grid(axes, list(ctx.args))  # its size is checked before it is built
+    except CellError as exc:
+        raise fail(SWEEP, exc) from None
     for cell in cells:
         try:
             check_cell(cell)
         except CellError as exc:
-            raise fail(SWEEP, f"cell 'pagedprefix replay {shlex.join(cell)}': {exc}") from None
+            raise fail(SWEEP, f"cell {_quote('pagedprefix replay ' + shlex.join(cell))}: {exc}") from None
     for name in axes.get("trace", ["conversation"]):
         try:
             load_trace(name, limit=1)
         except TraceError as exc:
             raise fail(SWEEP, exc) from None
+    if executor == "ray" and not ray_available():  # last: importing Ray takes seconds
+        raise fail(SWEEP, RAY_HINT)
     n_workers = workers or os.cpu_count() or 1
     show = console.is_terminal if progress is None else progress
     try:

@@ -14,21 +14,52 @@ visible); when the reference holds the source out of sync (``None``), the candid
 double-counted, cleared too late), a number for a source it should not answer for, ``None`` where
 the reference answers, a missing source, an answer of the wrong type, or an exception or time-out
 of the candidate. The first finding ends the scenario.
+
+**The candidate boundary.** Everything the candidate runs (building it, ``events``, ``resync``,
+``query``, reading its answers, ``close``) is called inside one boundary that turns *any*
+``BaseException`` into a finding naming the call: ``SystemExit`` (``SystemExit(0)`` included),
+``KeyboardInterrupt`` and ``GeneratorExit`` raised by the candidate are a FAIL of the candidate,
+never the harness's own exit. Only the user's Ctrl-C stops the run: while :func:`judge` runs on the
+main thread it installs a ``SIGINT`` handler that marks the interrupt as the user's before raising
+``KeyboardInterrupt``; such an interrupt passes the boundary (the command exits 130). An
+in-process candidate that calls ``os._exit`` or dies by a signal ends the process itself: the
+``indexer-conform`` command runs its judging in a supervised child
+(:mod:`pagedprefix.conformance.supervise`), so that too is a FAIL (exit 1, one line). A candidate
+that installs its own ``SIGINT`` handler is beyond any boundary: run untrusted indexers in the
+worker process (the default), where a dead process is a finding with its exit status.
+
+**One limit per candidate.** A candidate that hung (:class:`~pagedprefix.conformance.watchdog.EngineHung`:
+a call ran over its limit, so its state is unknown) or whose process is gone
+(:class:`~pagedprefix.conformance.subprocess_adapter.EngineProcessError`) is failed once; the
+scenarios after it are *not run* (:attr:`Verdict.ran` false), so a hung candidate costs one time
+limit, not one per scenario. A run that judged no scenario is never a pass (:func:`all_passed`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from types import FrameType
+from typing import TypeVar
 
+from pagedprefix.conformance.lifetime import Terminated, received
+from pagedprefix.conformance.subprocess_adapter import EngineProcessError
+from pagedprefix.conformance.watchdog import EngineHung
 from pagedprefix.spec.events import EventBatch
 
 from .indexer import IndexerConfig, KVIndexer, ReferenceIndexer
 from .streams import Publish, Query, Redeliver, Restart, Scenario, Settle, Truth
 
 IndexerFactory = Callable[[IndexerConfig], KVIndexer]
+T = TypeVar("T")
+
+FATAL: tuple[type[BaseException], ...] = (EngineHung, EngineProcessError)
+"""Exceptions after which the candidate is not called again (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +77,7 @@ class Finding:
     step: int
     source: str | None
     message: str
+    fatal: bool = False
 
     def __str__(self) -> str:
         where = f" {self.source}" if self.source else ""
@@ -54,17 +86,33 @@ class Finding:
 
 @dataclass
 class Verdict:
-    """The outcome of one scenario: its finding (``None``: passed), queries judged, resyncs asked."""
+    """The outcome of one scenario: its finding (``None``: passed), queries judged, resyncs asked.
+    ``ran`` is false for a scenario not run because the candidate hung or died before it
+    (``not_run`` says where); such a scenario has not passed."""
 
     scenario: Scenario
     finding: Finding | None = None
     queries: int = 0
     candidate_resyncs: int = 0
     reference_resyncs: int = 0
+    ran: bool = True
+    not_run: str = ""
 
     @property
     def passed(self) -> bool:
-        return self.finding is None
+        return self.ran and self.finding is None
+
+    @property
+    def status(self) -> str:
+        """``PASS``, ``FAIL`` or ``NOT RUN``."""
+        return "NOT RUN" if not self.ran else "PASS" if self.finding is None else "FAIL"
+
+
+def all_passed(verdicts: Iterable[Verdict]) -> bool:
+    """Whether at least one scenario was judged and every scenario passed (so zero judged is a
+    failure, never a pass)."""
+    verdicts = list(verdicts)
+    return bool(verdicts) and all(v.passed for v in verdicts)
 
 
 @dataclass
@@ -92,6 +140,64 @@ class _Stop(Exception):
         self.finding = finding
 
 
+_user_interrupted = [False]
+_depth = [0]
+
+
+@contextlib.contextmanager
+def user_interrupts() -> Iterator[None]:
+    """While the body runs on the main thread, a ``SIGINT`` delivered to this process is marked as
+    the user's before ``KeyboardInterrupt`` is raised, so that the
+    candidate boundary lets it through; a ``KeyboardInterrupt`` the candidate raises itself is not
+    marked and becomes a finding. Off the main thread, or inside another such body: a no-op."""
+    if threading.current_thread() is not threading.main_thread() or _depth[0]:
+        yield
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        _user_interrupted[0] = True
+        raise KeyboardInterrupt
+
+    _user_interrupted[0] = False
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    _depth[0] += 1
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        signal.signal(signal.SIGINT, previous)
+        _user_interrupted[0] = False
+
+
+def interrupted_by_user() -> bool:
+    """Inside a :func:`user_interrupts` body: whether the user's ``SIGINT`` has arrived."""
+    return _user_interrupted[0]
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _boundary(scenario: Scenario, n: int, what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` (candidate code); any ``BaseException`` but the user's Ctrl-C becomes a finding."""
+    try:
+        result = fn()
+    except _Stop:
+        raise
+    except BaseException as exc:
+        if _user_interrupted[0]:
+            raise KeyboardInterrupt from None  # the user's, whatever the candidate made of it
+        stop = received()
+        if stop is not None:  # the harness's SIGTERM or SIGHUP: it ends the run, not a finding
+            raise Terminated(stop) from None
+        fatal = isinstance(exc, FATAL)
+        raise _Stop(Finding(scenario.name, n, None, f"{what} raised {_short(exc)}", fatal)) from None
+    if _user_interrupted[0]:
+        raise KeyboardInterrupt  # the candidate swallowed the user's Ctrl-C: it still stops the run
+    return result
+
+
 def _describe(value: object) -> str:
     return "None" if value is None else repr(value)
 
@@ -99,7 +205,7 @@ def _describe(value: object) -> str:
 def _check_answer(source: str, got: object, ref: int | None, real: int) -> str | None:
     """Why ``got`` is not an acceptable answer for ``source`` (module docstring), or ``None``."""
     if got is not None and (type(got) is not int or got < 0):
-        return f"answered {got!r}, not an int >= 0 or None"
+        return f"answered {got!r:.200}, not an int >= 0 or None"
     if got in (real, ref):
         return None
     if ref is None:
@@ -114,29 +220,27 @@ def _judge_query(scenario: Scenario, n: int, query: Query, candidate: _Subscribe
                  reference: ReferenceIndexer, truths: Mapping[str, Truth]) -> None:
     groups = scenario.config.groups
     expected = reference.query(query.keys, query.num_tokens)
-    try:
-        answers = candidate.indexer.query(query.keys, query.num_tokens)
-    except Exception as exc:
-        raise _Stop(Finding(scenario.name, n, None, f"query raised {type(exc).__name__}: {exc}")) from None
-    if not isinstance(answers, Mapping):
+    answers = _boundary(scenario, n, "query", partial(candidate.indexer.query, query.keys, query.num_tokens))
+    if not _boundary(scenario, n, "reading the query's answer", partial(isinstance, answers, Mapping)):
         what = f"query returned {type(answers).__name__}, not a mapping"
         raise _Stop(Finding(scenario.name, n, None, what))
     for source in scenario.config.sources:
-        if source not in answers:
+        # A Mapping of the candidate's runs its code in ``in`` and ``[]``: inside the boundary.
+        got = _boundary(scenario, n, "reading the query's answer",
+                        partial(_answer_of, answers, source))
+        if got is _MISSING:
             raise _Stop(Finding(scenario.name, n, source, "no answer for this source"))
         real = truths[source].answer(groups, query)
-        why = _check_answer(source, answers[source], expected[source], real)
+        why = _check_answer(source, got, expected[source], real)
         if why is not None:
             raise _Stop(Finding(scenario.name, n, source, why))
 
 
-def _call(scenario: Scenario, n: int, what: str, fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except _Stop:
-        raise
-    except Exception as exc:
-        raise _Stop(Finding(scenario.name, n, None, f"{what} raised {type(exc).__name__}: {exc}")) from None
+_MISSING = object()
+
+
+def _answer_of(answers: Mapping[str, object], source: str) -> object:
+    return answers.get(source, _MISSING)
 
 
 def judge_scenario(factory: IndexerFactory, scenario: Scenario) -> Verdict:
@@ -147,10 +251,10 @@ def judge_scenario(factory: IndexerFactory, scenario: Scenario) -> Verdict:
     reference = _Subscriber(ReferenceIndexer(scenario.config))
     truths = {s: Truth() for s in scenario.config.sources}
     try:
-        candidate = _Subscriber(factory(scenario.config))
-    except Exception as exc:
-        what = f"building the indexer raised {type(exc).__name__}: {exc}"
-        verdict.finding = Finding(scenario.name, 0, None, what)
+        built = _boundary(scenario, 0, "building the indexer", partial(factory, scenario.config))
+        candidate = _Subscriber(built)
+    except _Stop as stop:
+        verdict.finding = stop.finding
         return verdict
     try:
         for n, step in enumerate(scenario.steps):
@@ -160,10 +264,10 @@ def judge_scenario(factory: IndexerFactory, scenario: Scenario) -> Verdict:
                 truths[step.source] = Truth()
             if isinstance(step, (Publish, Redeliver)) and (not isinstance(step, Publish) or step.delivered):
                 reference.deliver(step.source, step.batch)
-                _call(scenario, n, "events", partial(candidate.deliver, step.source, step.batch))
+                _boundary(scenario, n, "events", partial(candidate.deliver, step.source, step.batch))
             elif isinstance(step, Settle):
                 reference.settle(truths)
-                _call(scenario, n, "resync", partial(candidate.settle, truths))
+                _boundary(scenario, n, "resync", partial(candidate.settle, truths))
             elif isinstance(step, Query):
                 verdict.queries += 1
                 assert isinstance(reference.indexer, ReferenceIndexer)
@@ -171,14 +275,35 @@ def judge_scenario(factory: IndexerFactory, scenario: Scenario) -> Verdict:
     except _Stop as stop:
         verdict.finding = stop.finding
     finally:
-        close = getattr(candidate.indexer, "close", None)
-        if callable(close):
-            close()
+        if verdict.finding is None or not verdict.finding.fatal:  # a hung or dead one is not called again
+            try:
+                _boundary(scenario, len(scenario.steps), "close", partial(_close, candidate.indexer))
+            except _Stop as stop:
+                verdict.finding = verdict.finding or stop.finding
     verdict.candidate_resyncs = candidate.resyncs
     verdict.reference_resyncs = reference.resyncs
     return verdict
 
 
+def _close(indexer: object) -> None:
+    close = getattr(indexer, "close", None)
+    if callable(close):
+        close()
+
+
 def judge(factory: IndexerFactory, scenarios: Iterable[Scenario]) -> list[Verdict]:
-    """:func:`judge_scenario` for each scenario, in order."""
-    return [judge_scenario(factory, s) for s in scenarios]
+    """:func:`judge_scenario` for each scenario, in order, until the candidate hangs or dies (a
+    fatal finding, module docstring): the scenarios after that one are not run. The user's Ctrl-C
+    (:func:`user_interrupts`) raises ``KeyboardInterrupt``."""
+    verdicts: list[Verdict] = []
+    lost: Finding | None = None
+    with user_interrupts():
+        for s in scenarios:
+            if lost is not None:
+                verdicts.append(Verdict(s, ran=False, not_run=f"the indexer hung or died in {lost.scenario}"))
+                continue
+            verdict = judge_scenario(factory, s)
+            verdicts.append(verdict)
+            if verdict.finding is not None and verdict.finding.fatal:
+                lost = verdict.finding
+    return verdicts

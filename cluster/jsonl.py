@@ -31,6 +31,13 @@ shutdown   {}                                              null, then the server
 
 Time limits: every reply within ``call_timeout`` (10 s by default; ``hello`` and ``create`` get
 ``start_timeout``, 120 s).
+
+Replies the client cannot use are typed errors, never anything else: a line that is not a JSON
+reply to the request (not JSON, bad UTF-8, nested too deeply to read, another id) or a dead or
+silent server is :class:`~pagedprefix.conformance.subprocess_adapter.EngineProcessError` or
+:class:`~pagedprefix.conformance.watchdog.EngineHung` (the server's process group is killed); a
+well-formed reply whose result has the wrong shape is :class:`IndexerReplyError` (the server
+lives on); an ``error`` reply is the error it names (``RemoteEngineError`` for the indexer's own).
 """
 
 from __future__ import annotations
@@ -86,8 +93,44 @@ def cached_keys_from_json(obj: Json) -> dict[GroupKey, int]:
         raise ValueError(f"malformed cached_keys {obj!r:.200}") from exc
 
 
+class IndexerReplyError(ValueError):
+    """A reply of the indexer server whose result does not have the shape its method requires."""
+
+
+def parse_created(reply: Json) -> Json:
+    """The handle of a ``create`` result. Raises :class:`IndexerReplyError`."""
+    if not isinstance(reply, dict) or "handle" not in reply:
+        raise IndexerReplyError(f"create returned {reply!r:.200}")
+    return reply["handle"]
+
+
+def parse_events(reply: Json) -> bool:
+    """The ``resync`` flag of an ``events`` result. Raises :class:`IndexerReplyError`."""
+    if not isinstance(reply, dict) or not isinstance(reply.get("resync"), bool):
+        raise IndexerReplyError(f"events returned {reply!r:.200}")
+    return bool(reply["resync"])
+
+
+def parse_query(reply: Json) -> dict[str, Json]:
+    """The ``prefix`` mapping of a ``query`` result (its values are the judge's to check). Raises
+    :class:`IndexerReplyError`."""
+    if not isinstance(reply, dict) or not isinstance(reply.get("prefix"), dict):
+        raise IndexerReplyError(f"query returned {reply!r:.200}")
+    prefix: dict[str, Json] = reply["prefix"]
+    return prefix
+
+
 class IndexerProcess(JsonLinesProcess):
     """A running indexer server: :class:`JsonLinesProcess` speaking the indexer protocol."""
+
+    def call(self, method: str, params: dict[str, Json], timeout: float | None = None) -> Json:
+        """:meth:`JsonLinesProcess.call`; a reply nested too deeply for ``json`` to read is an
+        :class:`EngineProcessError` too (the server is killed), not a ``RecursionError``."""
+        try:
+            return super().call(method, params, timeout)
+        except RecursionError:
+            self.kill()
+            raise EngineProcessError(f"the reply to {method} is nested too deeply to read") from None
 
     def _hello(self) -> int:
         try:
@@ -109,35 +152,27 @@ class JsonLinesIndexer:
 
     def __init__(self, process: IndexerProcess, config: IndexerConfig) -> None:
         self.process = process
-        created = process.call("create", {"config": config_to_json(config)}, process.start_timeout)
-        if not isinstance(created, dict) or "handle" not in created:
-            raise EngineProcessError(f"create returned {created!r:.200}")
-        self.handle = created["handle"]
+        self.handle = parse_created(process.call("create", {"config": config_to_json(config)},
+                                                 process.start_timeout))
         self._closed = False
 
     def _call(self, method: str, **params: Json) -> Json:
         return self.process.call(method, {"handle": self.handle, **params})
 
     def events(self, source: str, batch: EventBatch) -> bool:
-        reply = self._call("events", source=source, batch=batch_to_json(batch))
-        if not isinstance(reply, dict) or not isinstance(reply.get("resync"), bool):
-            raise EngineProcessError(f"events returned {reply!r:.200}")
-        return bool(reply["resync"])
+        return parse_events(self._call("events", source=source, batch=batch_to_json(batch)))
 
     def resync(self, source: str, seq: int, cached_keys: Mapping[GroupKey, int]) -> None:
         self._call("resync", source=source, seq=seq, cached_keys=cached_keys_to_json(cached_keys))
 
     def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> dict[str, Json]:
-        reply = self._call("query", keys=[[k.hex() for k in group] for group in keys], num_tokens=num_tokens)
-        if not isinstance(reply, dict) or not isinstance(reply.get("prefix"), dict):
-            raise EngineProcessError(f"query returned {reply!r:.200}")
-        prefix: dict[str, Json] = reply["prefix"]
-        return prefix
+        return parse_query(self._call("query", keys=[[k.hex() for k in group] for group in keys],
+                                      num_tokens=num_tokens))
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            with contextlib.suppress(EngineProcessError, EngineHung, RemoteEngineError):
+            with contextlib.suppress(EngineProcessError, EngineHung, RemoteEngineError, IndexerReplyError):
                 self._call("drop")
 
 

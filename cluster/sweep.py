@@ -17,6 +17,11 @@ Executors (no scheduler of our own):
   started for the sweep (real GCS, raylet and worker processes; shut down at the end). Every node
   needs pagedprefix installed (the local cluster shares this environment).
 
+Everything is checked before any work starts, and in order of cost: the option values, the
+grid's size (the product of the axis lengths, computed before the grid is built; at most
+:data:`MAX_CELLS` cells), every cell's command line (the replay's own parser and checks, the
+options after ``--`` included), the traces; only then is Ray imported or a pool started.
+
 Each cell must finish within ``--cell-timeout`` seconds (from when a worker takes it), or the sweep
 stops (exit 1) and its workers are killed (Ray tasks cancelled). A cell that raises anything
 (``SystemExit(0)`` and ``KeyboardInterrupt`` included) or kills its worker stops the sweep the same
@@ -30,8 +35,10 @@ local one give the same rows, the wall times aside.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import itertools
+import math
 import multiprocessing
 import os
 import shlex
@@ -46,7 +53,9 @@ from typing import Any
 import typer
 from pagedprefix.conformance.lifetime import watching_descendants, worker_setup
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, prepare_job, replay_command
-from pagedprefix.replay.cli_common import fail
+from pagedprefix.replay.cli_common import fail, parse_capacities
+from pagedprefix.replay.engines import EngineUnavailable, load_factory
+from pagedprefix.replay.sim import ReplayConfig
 
 from .options import cluster_options
 from .replay import run_with_twin
@@ -60,6 +69,9 @@ COMMAND = "sweep"
 AXES: tuple[str, ...] = ("trace", "num-blocks", "free-order", "replicas", "router", "drop-events")
 """The replay options a sweep takes comma lists for, in grid order (the last varies fastest)."""
 EXECUTORS: tuple[str, ...] = ("local", "ray")
+MAX_CELLS = 10_000
+"""The most cells a sweep takes (each is a whole cluster replay, and each is checked before any
+runs, about 4 ms a cell: 40 s at most)."""
 RAY_HINT = "--executor ray needs Ray (the cluster extra): pip install 'pagedprefix[cluster]'"
 Row = dict[str, Any]
 
@@ -68,9 +80,10 @@ class CellError(Exception):
     """A cell's command line is not a valid replay (the message is the replay's one-line error)."""
 
 
+@functools.lru_cache(maxsize=1)
 def replay_click_command() -> Any:
     """The ``replay`` command as click sees it (to parse a cell's command line exactly as the
-    ``pagedprefix replay`` command line is parsed)."""
+    ``pagedprefix replay`` command line is parsed); built once."""
     app = typer.Typer()
     app.command()(replay_command)
     return typer.main.get_command(app)
@@ -85,8 +98,25 @@ def parse_cell(argv: Sequence[str]) -> dict[str, Any]:
     return dict(ctx.params)
 
 
+def grid_size(axes: dict[str, list[str]]) -> int:
+    """The number of cells :func:`grid` makes of ``axes`` (the product of their lengths), computed
+    without building it."""
+    return math.prod(len(axes[a]) for a in AXES if a in axes)
+
+
+def check_grid_size(axes: dict[str, list[str]]) -> int:
+    """:func:`grid_size`; raises :class:`CellError` above :data:`MAX_CELLS`."""
+    size = grid_size(axes)
+    if size > MAX_CELLS:
+        shape = " x ".join(f"{len(axes[a])} --{a}" for a in AXES if a in axes)
+        raise CellError(f"the grid has {size:,} cells ({shape}); a sweep takes at most {MAX_CELLS:,}")
+    return size
+
+
 def grid(axes: dict[str, list[str]], rest: Sequence[str]) -> list[list[str]]:
-    """Every combination of the axis values (:data:`AXES` order), each a replay command line."""
+    """Every combination of the axis values (:data:`AXES` order), each a replay command line.
+    Raises :class:`CellError` when there would be more than :data:`MAX_CELLS`."""
+    check_grid_size(axes)
     names = [a for a in AXES if a in axes]
     cells = []
     for values in itertools.product(*(axes[a] for a in names)):
@@ -109,17 +139,38 @@ def _checking_hook(args: ClusterArgs) -> ClusterRunner:
     return never
 
 
+def _one_line(exc: BaseException) -> str:
+    text = exc.format_message() if isinstance(exc, ClickException) else str(exc)
+    return " ".join(text.split())
+
+
 def check_cell(argv: Sequence[str]) -> None:
-    """Everything about a cell that can be checked without running it. Raises :class:`CellError`."""
+    """Everything about a cell that can be checked without its trace: the replay's own parser, the
+    capacities and replay configs (as ``prepare_job`` builds them), the engine, the cluster options.
+    Raises :class:`CellError` (one line)."""
     params = parse_cell(argv)
     if params["indexer"] != "reference" or params["csv_path"] or params["json_path"] or params["plot"]:
         raise CellError("a sweep cell routes on the reference indexer and writes no files of its own")
     if params["check_spec"]:
         raise CellError("--check-spec does not combine with a sweep")
+    if params.get("groups") is not None:
+        raise CellError("--groups runs one engine; it does not combine with a sweep")
     try:
+        for capacity in parse_capacities(params["num_blocks"]):
+            ReplayConfig(block_size=params["block_size"], num_blocks=capacity,
+                         max_running=params["max_running"], decode_chunk=params["decode_chunk"],
+                         max_output=params["max_output"], samples=params["samples"],
+                         step_ms=params["step_ms"], hash_algo=params["hash_algo"],
+                         free_order=params["free_order"]).validate()
         cluster_options(_args(params))
-    except ValueError as exc:
-        raise CellError(" ".join(str(exc).split())) from None
+    except (ValueError, ClickException) as exc:  # InvalidConfig is a ValueError
+        raise CellError(_one_line(exc)) from None
+    try:
+        load_factory(params["engine"])
+    except EngineUnavailable as exc:
+        raise CellError(_one_line(exc)) from None
+    except Exception as exc:  # a module:factory whose import fails in any other way
+        raise CellError(f"engine {params['engine']!r} cannot be loaded: {_one_line(exc)}") from None
 
 
 def _args(params: dict[str, Any]) -> ClusterArgs:

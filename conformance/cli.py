@@ -5,7 +5,9 @@ report as ``exit_code``):
 
 - 0: every check passed or was skipped by capability;
 - 1: a check failed — engine misbehaviour included (an adapter call that raises something other
-  than a spec error, returns the wrong type, or does not return within ``--call-timeout``);
+  than a spec error, returns the wrong type, or does not return within ``--call-timeout``; an
+  engine that ends the run: its worker exits or is killed, or it raises ``SystemExit`` or calls
+  ``os._exit`` in process, :mod:`pagedprefix.conformance.supervise`), or nothing was judged;
 - 2: a user error (an engine that cannot be loaded or is not a factory, a bad option, a file
   that cannot be read or written): one line on stderr, nothing run;
 - 3: no check failed, but the ``--time-budget`` safety stop ended the stateful run before every
@@ -21,12 +23,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from .outputs import output_problem
 from .properties import PROFILES
-from .protocol import EngineUnavailable
+from .protocol import AdapterFactory, EngineUnavailable
 from .suite import (
     DEFAULT_EXAMPLES,
     DEFAULT_TIME_BUDGET,
@@ -39,7 +42,11 @@ from .suite import (
     render_report,
     run_suite,
 )
+from .supervise import supervised, supervised_command
 from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
+
+if TYPE_CHECKING:
+    from .matrix import MatrixEngine
 
 ENGINE_HELP = (
     "impl (default), spec, radix, module:factory (a function config -> adapter; run in a worker "
@@ -62,11 +69,11 @@ def fail_user(message: str) -> typer.Exit:
 
 
 def check_output_path(path: Path, what: str) -> None:
-    """A file we will write at the end must be writable now (its directory exists)."""
-    if path.is_dir():
-        raise UserError(f"{what} {path}: is a directory")
-    if not path.parent.is_dir():
-        raise UserError(f"{what} {path}: directory {path.parent} does not exist")
+    """A file we will write at the end must be writable now
+    (:func:`~pagedprefix.conformance.outputs.output_problem`)."""
+    problem = output_problem({what: path})
+    if problem is not None:
+        raise UserError(problem)
 
 
 def check_options(args: ConformArgs) -> None:
@@ -153,27 +160,40 @@ def conform(
             no_stateful,
             builtin_vectors,
         )
-        options, factory = _prepare(args)
+        options = _prepare(args)
     except UserError as exc:
         raise fail_user(str(exc)) from None
+    raise typer.Exit(supervised(lambda: _conform_run(args, options, no_trace), "conform"))
+
+
+def _conform_run(args: ConformArgs, options: SuiteOptions, no_trace: bool) -> int:
+    """Load the engine, run the suite, print and save the report; the exit status. (Run in the
+    supervised child: :mod:`pagedprefix.conformance.supervise`.)"""
     try:
-        report = _run(factory, options, engine, no_trace)
+        factory = _load(args)
+    except UserError as exc:
+        fail_user(str(exc))
+        return 2
+    try:
+        report = _run(factory, options, args.engine, no_trace)
     except EngineUnavailable as exc:
-        raise fail_user(str(exc)) from None
+        fail_user(str(exc))
+        return 2
     finally:
         close = getattr(factory, "close", None)
         if callable(close):
             close()
     _print(report)
-    if json_path is not None:
+    if args.json_path is not None:
         try:
-            json_path.write_text(
+            args.json_path.write_text(
                 json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n", encoding="utf-8"
             )
         except OSError as exc:
-            raise fail_user(f"--json {json_path}: {exc.strerror or exc}") from None
-        print(f"report written to {json_path}", file=sys.stderr)
-    raise typer.Exit(report.exit_code)
+            fail_user(f"--json {args.json_path}: {exc.strerror or exc}")
+            return 2
+        print(f"report written to {args.json_path}", file=sys.stderr)
+    return report.exit_code
 
 
 @dataclass(frozen=True)
@@ -197,8 +217,9 @@ class ConformArgs:
     builtin_vectors: bool
 
 
-def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
-    """Every user error is found here, before any work starts (:class:`UserError`)."""
+def _prepare(args: ConformArgs) -> SuiteOptions:
+    """Every user error but an engine that cannot be loaded is found here, before any work starts
+    (:class:`UserError`)."""
     if args.profile not in PROFILES:
         raise UserError(f"unknown profile {args.profile!r}; choose from {', '.join(PROFILES)}")
     check_options(args)
@@ -207,7 +228,13 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
     for d in args.vectors:
         if not d.is_dir():
             raise UserError(f"--vectors {d}: not a directory")
-        _check_vector_dir(d, "--vectors")
+        if not _check_vector_dir(d, "--vectors"):
+            raise UserError(
+                f"--vectors {d}: holds no vector case (no *.json vector file, or only empty ones): "
+                "a run of it would judge nothing"
+            )
+    if args.no_stateful and not args.builtin_vectors and not args.vectors:
+        raise UserError("--no-stateful with --no-builtin-vectors and no --vectors: nothing to judge")
     for d in args.paths:
         if not d.is_dir():
             raise UserError(f"--path {d}: not a directory")
@@ -218,6 +245,7 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
             raise UserError(f"--database {args.database}: directory {args.database.parent} does not exist")
         if args.database.is_dir():
             _check_vector_dir(args.database, "--database")
+        _check_writable_dir(args.database, "--database")
     options = SuiteOptions(
         profile=args.profile,
         seed=args.seed,
@@ -230,6 +258,12 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
         call_timeout=args.call_timeout,
         database=args.database,
     )
+    return options
+
+
+def _load(args: ConformArgs) -> AdapterFactory:
+    """The engine's factory (a worker process started for an isolated one); :class:`UserError`
+    when it cannot be loaded."""
     try:
         factory = load_engine(
             args.engine,
@@ -243,17 +277,28 @@ def _prepare(args: ConformArgs) -> tuple[SuiteOptions, Callable[..., object]]:
         raise UserError(f"{exc}{hint}") from None
     except (EngineHung, OSError, RuntimeError) as exc:
         raise UserError(f"engine {args.engine!r} could not be started: {exc}") from None
-    return options, factory
+    return factory
 
 
-def _check_vector_dir(directory: Path, option: str) -> None:
-    """Every vector file under ``directory`` must load (a malformed one is a user error)."""
+def _check_vector_dir(directory: Path, option: str) -> int:
+    """Every vector file under ``directory`` must load (a malformed one is a user error); the
+    number of cases they hold."""
     from .vectors import VectorFormatError, load_dir
 
     try:
-        load_dir(directory)
+        return sum(len(f.cases) for f in load_dir(directory))
     except VectorFormatError as exc:
         raise UserError(f"{option} {directory}: {exc}") from None
+
+
+def _check_writable_dir(directory: Path, option: str) -> None:
+    """``directory`` (made at the end of the run if missing) can be written as the run will: its
+    files created and replaced."""
+    import os
+
+    target = directory if directory.is_dir() else directory.parent
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {directory}: {target} is not writable")
 
 
 def _run(factory: Callable[..., object], options: SuiteOptions, engine: str, no_trace: bool) -> SuiteReport:
@@ -316,7 +361,7 @@ def matrix(
 ) -> None:
     """Run every shipped engine (vLLM and SGLang when installed) at its strongest honest profile
     and at core, and write the conformance matrix (docs/MATRIX.md; --check compares instead)."""
-    from .matrix import MATRIX_ENGINES, MatrixEngine, render_markdown, run_cells, to_json
+    from .matrix import MATRIX_ENGINES, MatrixEngine
 
     try:
         if check and not out.is_file():
@@ -330,6 +375,15 @@ def matrix(
     except UserError as exc:
         raise fail_user(str(exc)) from None
     engines = [*MATRIX_ENGINES, *(MatrixEngine(name, "") for name in engine or [])]
+    supervised_command(lambda: _matrix_run(engines, out, json_path, check, seed), "matrix")
+
+
+def _matrix_run(
+    engines: list[MatrixEngine], out: Path, json_path: Path | None, check: bool, seed: int
+) -> None:
+    """Run the matrix's cells, then write or check it (in the supervised child)."""
+    from .matrix import render_markdown, run_cells, to_json
+
     cells = []
     for e in engines:
         print(f"matrix: {e.name} ...", file=sys.stderr, flush=True)

@@ -43,7 +43,7 @@ from .codec import Json, error_kind, extra_kinds_of, extras_from_json
 from .event_check import cached_keys_json, check_events_json, events_json
 from .properties import Violation
 from .protocol import Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
-from .watchdog import EngineHung, describe_exception, exception_summary, guarded
+from .watchdog import EngineLost, candidate_exit, describe_exception, exception_summary, guarded
 
 OPS: tuple[str, ...] = ("allocate", "append", "fork", "free", "lookup", "reset", "new_step")
 Step = dict[str, Json]
@@ -166,19 +166,29 @@ def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
 
 def execute(adapter: PrefixCacheAdapter, step: Step) -> Outcome:
     """Run ``step`` on ``adapter``. An exception that is not one of the spec's typed errors, or a
-    malformed result, becomes a crash (with its traceback); only :class:`EngineHung` escapes."""
+    malformed result, becomes a crash (with its traceback); only
+    :class:`~pagedprefix.conformance.watchdog.EngineLost` (a hang, or the candidate's exit: a
+    ``BaseException`` from it becomes ``EngineExited``) escapes."""
+    op = str(step.get("op"))
     try:
-        op = str(step["op"])
         with guarded(OP_CALLS.get(op, op)):
             result = _run(adapter, step)
-    except EngineHung:
+    except EngineLost:
         raise
     except Exception as exc:
         kind = error_kind(exc)
         if kind is None:
             return Outcome(crash=exception_summary(exc), trace=describe_exception(exc))
         return Outcome(error=kind, message=str(exc))
+    except BaseException as exc:
+        raise _exited(OP_CALLS.get(op, op), exc) from exc
     return Outcome(result=result)
+
+
+def _exited(call: str, exc: BaseException) -> BaseException:
+    """What a ``BaseException`` out of a candidate's ``call`` becomes: :class:`EngineExited` (the
+    run ends, a FAIL), or ``exc`` itself when it is the harness's own interrupt."""
+    return candidate_exit(call, exc) or exc
 
 
 OP_CALLS = {"reset": "reset_prefix_cache"}
@@ -187,26 +197,30 @@ OP_CALLS = {"reset": "reset_prefix_cache"}
 def call_engine_raw(what: str, call: Any) -> Any:
     """``call()`` under the in-process limit; spec errors, ``UnsupportedConfig`` and
     ``EngineUnavailable`` (the engine cannot be loaded: a user error) pass through, anything else
-    (but :class:`EngineHung`) becomes an ``engine-errors`` violation."""
+    (but :class:`EngineLost`) becomes an ``engine-errors`` violation; a ``BaseException``
+    that is not an ``Exception`` ends the run (``EngineExited``)."""
     try:
         with guarded(what):
             return call()
-    except (EngineHung, EngineUnavailable, PrefixCacheError, UnsupportedConfig):
+    except (EngineLost, EngineUnavailable, PrefixCacheError, UnsupportedConfig):
         raise
     except Exception as exc:
         raise Violation(
             "engine-errors", f"{what} raised {exception_summary(exc)}", describe_exception(exc)
         ) from None
+    except BaseException as exc:
+        raise _exited(what, exc) from exc
 
 
 def call_engine(what: str, call: Any) -> Any:
     """``call()`` (an observation or ``step()``) under the in-process limit. A spec error from it
     is an ``accounting`` violation (the engine disagrees about its own state, e.g. a live request
-    it calls unknown); any other exception but :class:`EngineHung` an ``engine-errors`` one."""
+    it calls unknown); any other exception but :class:`EngineLost` an ``engine-errors`` one (a
+    ``BaseException`` ends the run as ``EngineExited``)."""
     try:
         with guarded(what):
             return call()
-    except EngineHung:
+    except EngineLost:
         raise
     except PrefixCacheError as exc:
         raise Violation("accounting", f"{what} raised {type(exc).__name__}: {exc}") from None
@@ -214,6 +228,8 @@ def call_engine(what: str, call: Any) -> Any:
         raise Violation(
             "engine-errors", f"{what} raised {exception_summary(exc)}", describe_exception(exc)
         ) from None
+    except BaseException as exc:
+        raise _exited(what, exc) from exc
 
 
 def sorted_ids(ids: Iterable[RequestId]) -> list[RequestId]:
@@ -362,10 +378,12 @@ def is_live(adapter: PrefixCacheAdapter, request_id: RequestId) -> bool:
     try:
         with guarded("block_table"):
             adapter.block_table(request_id)
-    except EngineHung:
+    except EngineLost:
         raise
     except Exception:
         return False
+    except BaseException as exc:
+        raise _exited("block_table", exc) from exc
     return True
 
 

@@ -44,12 +44,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
 from ._keeper import LINUX, descendants, kill_tree, set_parent_death_signal, set_subreaper
+from .watchdog import harness_signal, note_harness_signal
 
 __all__ = [
     "LINUX",
@@ -89,14 +91,31 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     for other in STOP_SIGNALS:  # a second signal must not cut the clean-up short
         signal.signal(other, signal.SIG_IGN)
     _received.append(signum)
+    note_harness_signal(signum)  # the harness's own stop, not a candidate's exit
     raise Terminated(signum)
 
 
 def received() -> int | None:
-    """The stop signal :func:`harness_setup`'s handler got (``None``: none). A library that
-    turns the handler's :class:`Terminated` into an exception of its own (Ray's ``wait`` raises
-    ``SystemExit(1)``) cannot hide it: the entry point asks here."""
-    return _received[0] if _received else None
+    """The stop signal (SIGTERM, SIGHUP) this process got, by :func:`harness_setup`'s handler or
+    forwarded by a supervising parent (:func:`pagedprefix.conformance.watchdog.harness_signal`);
+    ``None``: none. A library that turns the handler's :class:`Terminated` into an exception of its
+    own (Ray's ``wait`` raises ``SystemExit(1)``) cannot hide it: the entry point asks here."""
+    if _received:
+        return _received[0]
+    signum = harness_signal()
+    return signum if signum in STOP_SIGNALS else None
+
+
+_forked_from: list[int] = []
+
+
+def _before_fork() -> None:
+    _forked_from[:] = [os.getpid()] if threading.current_thread() is threading.main_thread() else []
+
+
+def _after_fork_in_child() -> None:
+    if _forked_from:  # a fork of the harness's main thread (the supervised run): it dies with it
+        set_parent_death_signal(signal.SIGKILL, _forked_from[0])
 
 
 def kill_descendants(timeout: float = 5.0) -> None:
@@ -108,8 +127,11 @@ def kill_descendants(timeout: float = 5.0) -> None:
 def harness_setup() -> None:
     """Make this process the harness of a run (idempotent; the console entry point calls it):
     a child subreaper on Linux, SIGTERM and SIGHUP raise :class:`Terminated` (main thread only),
-    and :func:`kill_descendants` runs at interpreter exit (after every hook registered later,
-    e.g. each server's own ``kill``)."""
+    :func:`kill_descendants` runs at interpreter exit (after every hook registered later, e.g. each
+    server's own ``kill``), and a child forked by the main thread (``os.fork``: the supervised run
+    of :mod:`pagedprefix.conformance.supervise`) gets ``PR_SET_PDEATHSIG(SIGKILL)``, so that a
+    SIGKILL of the harness ends it too (and, through the keepers' sockets, every server it
+    started)."""
     if _setup:
         return
     _setup.append(True)
@@ -118,6 +140,8 @@ def harness_setup() -> None:
         with contextlib.suppress(ValueError, OSError):  # not the main thread: left as it is
             signal.signal(signum, _on_signal)
     atexit.register(kill_descendants)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def worker_setup(parent: int) -> None:

@@ -32,6 +32,7 @@ from .suite import (
     probe_capabilities,
     run_suite,
 )
+from .watchdog import EngineLost
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def run_cells(
     try:
         factory = load_engine(engine.name)
         caps = probe_capabilities(factory)
+    except EngineLost as exc:  # it loaded, then hung or exited: a FAIL, not a missing engine
+        return [Cell(engine.name, version, "-", "FAIL", error=str(exc))]
     except (EngineUnavailable, RuntimeError) as exc:
         return [Cell(engine.name, version, "-", "not installed", error=str(exc))]
     cells = []

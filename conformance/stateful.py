@@ -15,7 +15,8 @@ run again with that property *disabled* (examples reaching its violation are dis
 failing property gets its own first counterexample and the run still covers every planned
 example. The wall-clock ``time_budget`` is only a safety stop: if it fires, no new chunk starts
 and the report is marked *incomplete*. An engine call that does not return
-(:class:`~pagedprefix.conformance.watchdog.EngineHung`) ends the run at once.
+(:class:`~pagedprefix.conformance.watchdog.EngineHung`), or one that exits (``EngineExited``),
+ends the run at once.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from .minimize import Failure, Found, minimize, model_config_for, render_failure
 from .model import EngineRun, SpecModel, adapter_capabilities, build_adapter
 from .properties import PROPERTIES, Violation, at_least, profile_rank
 from .protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
-from .watchdog import EngineHung
+from .watchdog import EngineLost
 
 POLICIES: tuple[tuple[str, bool], ...] = (
     ("unhashed_to_head", False),
@@ -86,7 +87,7 @@ class StatefulReport:
 
     ``examples``/``planned``: examples run and planned; ``incomplete``: the time budget stopped the
     run before every planned example ran (a safety stop, not a verdict); ``hung``: an engine call
-    did not return (the run ended there).
+    did not return, or the engine exited (``EngineLost``: the run ended there).
     """
 
     profile: str
@@ -97,7 +98,7 @@ class StatefulReport:
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
     incomplete: bool = False
-    hung: EngineHung | None = None
+    hung: EngineLost | None = None
     hybrid_examples: int = 0
     """Examples whose config had hybrid groups (engines declaring ``groups``)."""
     orphans_max: int = 0
@@ -247,7 +248,7 @@ class _Stop(BaseException):
 @dataclass
 class _Recorder:
     found: Found | None = None
-    hung: EngineHung | None = None
+    hung: EngineLost | None = None
     examples: int = 0
     rejected: int = 0
     hybrid_examples: int = 0
@@ -280,7 +281,7 @@ def run_example(data: st.DataObject, setup: RunSetup, disabled: frozenset[str], 
     except Lost:
         rec.rejected += 1
         reject()
-    except EngineHung as hung:
+    except EngineLost as hung:
         rec.hung = hung
 
 
@@ -460,7 +461,7 @@ def run_conformance(
         except (Violation, PrefixCacheError) as exc:
             report.errors.append(f"cannot build the engine: {exc}")
             return report
-        except EngineHung as hung:
+        except EngineLost as hung:
             report.hung = hung
             report.errors.append(str(hung))
             return report
@@ -544,7 +545,7 @@ def _minimized(
         return None
     try:
         best = minimize(setup.factory, found, setup.profile, disabled, setup.caps, replays)
-    except EngineHung as hung:
+    except EngineLost as hung:
         report.hung = hung
         return _hung_failure(hung, setup.profile)
     if best is None:
@@ -555,7 +556,7 @@ def _minimized(
     return render_failure(best, setup.profile)
 
 
-def _hung_failure(hung: EngineHung, profile: str) -> Failure:
+def _hung_failure(hung: EngineLost, profile: str) -> Failure:
     return Failure(
         "engine-errors", str(hung), "  (the run ended here: the engine's state is unknown)", {}, hung.detail
     )
@@ -576,7 +577,9 @@ def _fill_properties(report: StatefulReport, caps: Capabilities, failures: dict[
                 note += f" of {report.planned} planned (time budget reached)"
             if disabled:
                 note += f" (examples violating {', '.join(disabled)} first were discarded)"
-            status = "pass" if report.hung is None else "skip"
+            status = "pass" if report.hung is None and report.examples > 0 else "skip"
             if report.hung is not None:
                 note = f"not checked to the end: {report.hung}"
+            elif report.examples == 0:
+                note = "not judged: no example ran to its end"
             report.properties.append(PropertyResult(prop.name, status, note))

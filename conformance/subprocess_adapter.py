@@ -95,6 +95,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import tempfile
 import threading
@@ -120,7 +121,7 @@ from pagedprefix.spec.events import EventBatch, GroupKey, batch_from_json
 from .codec import Json, config_to_json, make_error
 from .lifetime import start_kept
 from .protocol import AdapterFactory, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
-from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
+from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineExited, EngineHung
 
 PROTOCOL = "pagedprefix-jsonl"
 PROTOCOL_VERSION = 3
@@ -135,6 +136,31 @@ STDERR_TAIL = 2000
 
 class EngineProcessError(RuntimeError):
     """The engine process died, answered out of order, or sent something that is not JSON."""
+
+
+class EngineProcessExited(EngineProcessError, EngineExited):
+    """The engine process exited, was killed, or closed its output: the run ends here (a FAIL,
+    never a PASS; :class:`~pagedprefix.conformance.watchdog.EngineExited`)."""
+
+    def __init__(self, argv0: str, call: str, how: str, why: str = "") -> None:
+        EngineExited.__init__(self, call, how, why)
+        self.args = (f"engine process {argv0} {how} during {call}" + (f" {why}" if why else ""),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def exit_description(returncode: int | None) -> str:
+    """``exited with status N``, ``was killed by SIGKILL`` or ``closed its output`` (still running)."""
+    if returncode is None:
+        return "closed its output"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with status {returncode}"
 
 
 class RemoteEngineError(RuntimeError):
@@ -227,10 +253,9 @@ class JsonLinesProcess:
             if not chunk:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=1)
-                raise EngineProcessError(
-                    f"engine process {self.argv[0]} closed its output during {method} "
-                    f"(exit status {self.proc.returncode}) {self._why()}".rstrip()
-                )
+                how, why = exit_description(self.proc.returncode), self._why()
+                self.kill()
+                raise EngineProcessExited(self.argv[0], method, how, why)
             self._buffer += chunk
             if len(self._buffer) > MAX_LINE:
                 self.kill()
@@ -245,8 +270,8 @@ class JsonLinesProcess:
         limit = self.call_timeout if timeout is None else timeout
         with self._lock:
             if self.proc.poll() is not None or self.proc.stdin is None:
-                why = f"engine process {self.argv[0]} has exited ({self.proc.returncode}) {self._why()}"
-                raise EngineProcessError(why.rstrip())
+                how = exit_description(self.proc.returncode)
+                raise EngineProcessExited(self.argv[0], method, how, self._why())
             self._next += 1
             rid = self._next
             try:
@@ -255,9 +280,10 @@ class JsonLinesProcess:
                 )
                 self.proc.stdin.flush()
             except (BrokenPipeError, OSError) as exc:
-                raise EngineProcessError(
-                    f"engine process {self.argv[0]}: {exc} {self._why()}".rstrip()
-                ) from exc
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=1)
+                how = f"{exit_description(self.proc.returncode)} ({exc})"
+                raise EngineProcessExited(self.argv[0], method, how, self._why()) from exc
             try:
                 line = self._readline(method, limit)
             except BaseException:

@@ -34,10 +34,19 @@ from .protocol import (
     UnsupportedConfig,
     import_factory,
 )
+from .seeding import NAME as KEY_SEEDING
+from .seeding import key_seeding_result, register_respawn
 from .stateful import PROBE_BLOCK_SIZES, StatefulReport, probe, run_conformance
 from .vector_format import dumps
 from .vectors import VectorRunReport, run_vectors
-from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung, limit_in_process_calls
+from .watchdog import (
+    DEFAULT_CALL_TIMEOUT,
+    DEFAULT_START_TIMEOUT,
+    EngineLost,
+    candidate_exit,
+    harness_signals,
+    limit_in_process_calls,
+)
 
 ENGINE_SHORT_NAMES: dict[str, str] = {
     "impl": "pagedprefix.conformance.adapters:impl",
@@ -225,7 +234,7 @@ def load_engine(
     Raises :class:`EngineUnavailable` with the reason (a user error: a name that cannot be
     imported, is not callable or does not take one config); the worker's own failures raise
     :class:`~pagedprefix.conformance.subprocess_adapter.EngineProcessError` or
-    :class:`~pagedprefix.conformance.watchdog.EngineHung`.
+    :class:`~pagedprefix.conformance.watchdog.EngineHung` (both ``EngineLost``).
     """
     from .subprocess_adapter import subprocess_factory
 
@@ -234,25 +243,29 @@ def load_engine(
         argv = shlex.split(name[len("jsonl:") :])
         if not argv:
             raise EngineUnavailable("jsonl: needs a command, e.g. jsonl:./my-engine --serve")
-        factory = subprocess_factory(argv, None, call_timeout, start_timeout)
-        factory.start()  # type: ignore[attr-defined]
-        return factory
+        env: dict[str, str] | None = None
+    else:
+        argv = [sys.executable, *WORKER, "--engine", name]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([*search, *filter(None, [env.get("PYTHONPATH")])])
+        env[WORKER_ENV] = "1"
+
+    def respawn() -> AdapterFactory:
+        return subprocess_factory(argv, env, call_timeout, start_timeout)
+
     if isolate is None:
         isolate = name not in BUILTIN_ENGINES
-    if not isolate:
+    if not isolate and not name.startswith("jsonl:"):
         for p in reversed(search):
             if p not in sys.path:
                 sys.path.insert(0, p)
         if os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())
-        return checked_factory(name, import_factory(name, ENGINE_SHORT_NAMES))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*search, *filter(None, [env.get("PYTHONPATH")])])
-    env[WORKER_ENV] = "1"
-    factory = subprocess_factory(
-        [sys.executable, *WORKER, "--engine", name], env, call_timeout, start_timeout
-    )
-    factory.start()  # type: ignore[attr-defined]
+        factory = checked_factory(name, import_factory(name, ENGINE_SHORT_NAMES))
+    else:
+        factory = respawn()
+        factory.start()  # type: ignore[attr-defined]
+    register_respawn(factory, respawn)
     return factory
 
 
@@ -360,21 +373,48 @@ def run_suite(
     ``stateful``). ``extra_groups`` defaults to the registered :data:`EXTRA_CHECK_GROUPS`.
     Engine misbehaviour is a verdict, never an exception: an adapter call that raises something
     other than a spec error or returns the wrong type gives ``engine-errors`` rows; one that does
-    not return in time an ``engine-errors`` FAIL row, and the run ends there. Raises
-    ``ValueError`` only for an unknown profile.
+    not return in time, or that ends the run (the engine process exits or is killed; an in-process
+    call raises ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException``), an
+    ``engine-errors`` FAIL row, and the run ends there. A run that judged nothing (every case
+    skipped) gets a ``nothing-judged`` FAIL row: it is never a PASS. Raises ``ValueError`` only for
+    an unknown profile; the harness's own interrupt (Ctrl-C) propagates.
     """
     profile_rank(options.profile)
     start = time.perf_counter()
     report = SuiteReport(engine_name, options)
     limit = None if getattr(factory, "isolated", False) else options.call_timeout
-    with limit_in_process_calls(limit):
+    with harness_signals(), limit_in_process_calls(limit):
         try:
             _run_all(factory, options, report, progress, extra_groups, start)
-        except EngineHung as hung:
-            detail = f"{hung}; the run ended here"
-            report.rows.append(CheckResult("engine-errors", "property", "fail", detail, hung.detail or None))
+        except EngineLost as lost:
+            _lost_row(report, lost)
+        except BaseException as exc:  # the candidate's exit outside a guarded call (e.g. close())
+            exited = candidate_exit("", exc)
+            if exited is None:
+                raise
+            _lost_row(report, exited)
+    if report.ok and not judged(report):
+        why = "every case was skipped (capabilities, profile, options): a run that judged nothing is no pass"
+        report.rows.append(CheckResult("nothing-judged", "property", "fail", why))
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _lost_row(report: SuiteReport, lost: EngineLost) -> None:
+    detail = f"{lost}; the run ended here"
+    report.rows.append(CheckResult("engine-errors", "property", "fail", detail, lost.detail or None))
+
+
+def judged(report: SuiteReport) -> int:
+    """How many cases the run judged (passed or failed): vector cases, stateful examples run to
+    their end or failed, and check-group rows."""
+    count = 0
+    if report.vectors is not None:
+        count += sum(1 for r in report.vectors.results if r.status in ("pass", "fail"))
+    if report.stateful is not None:
+        count += report.stateful.examples + len(report.stateful.failures())
+    count += sum(1 for r in report.rows if r.kind == "group" and r.status in ("pass", "fail"))
+    return count
 
 
 def _run_all(
@@ -385,9 +425,10 @@ def _run_all(
     extra_groups: Sequence[tuple[str, CheckGroup]] | None,
     start: float,
 ) -> None:
-    caps = _probe(factory, report)
-    if caps is None:
+    probed = _probe(factory, report)
+    if probed is None:
         return
+    caps, probe_config = probed
     report.capabilities = caps
 
     def phase(name: str) -> Callable[[int, int], None]:
@@ -417,10 +458,12 @@ def _run_all(
     report.rows.extend(_vector_rows(report.vectors))
     if report.stateful is not None and report.stateful.hung is not None:
         return
+    status, detail = key_seeding_result(factory, caps, probe_config.block_size)
+    report.rows.append(CheckResult(KEY_SEEDING, "property", status, detail))
     for name, group in EXTRA_CHECK_GROUPS if extra_groups is None else extra_groups:
         try:
             report.rows.extend(group(factory, options))
-        except EngineHung:
+        except EngineLost:
             raise
         except Exception as exc:
             report.rows.append(CheckResult(name, "group", "fail", f"{type(exc).__name__}: {exc}"))
@@ -448,11 +491,11 @@ def _counterexample(sequence: str, detail: str) -> str:
     return f"{text}\n\n{detail}" if detail else text
 
 
-def _probe(factory: AdapterFactory, report: SuiteReport) -> Capabilities | None:
-    """The engine's capabilities; ``None`` (and a FAIL row) when it cannot even be built."""
+def _probe(factory: AdapterFactory, report: SuiteReport) -> tuple[Capabilities, CacheConfig] | None:
+    """The engine's capabilities and the config they were probed under; ``None`` (and a FAIL row)
+    when it cannot even be built."""
     try:
-        caps, _ = probe(factory)
-        return caps
+        return probe(factory)
     except UnsupportedConfig as exc:
         message = f"the factory rejects every probe config (block sizes {PROBE_BLOCK_SIZES}): {exc}"
         report.rows.append(CheckResult("engine-errors", "property", "fail", message))

@@ -53,6 +53,7 @@ from pagedprefix.spec import (
     RequestId,
     Snapshot,
     UnknownRequest,
+    allocating,
     block_extra_fields,
     blocks_needed,
     check_block_id,
@@ -400,7 +401,8 @@ class BlockManager:
         check_memory(config.num_blocks, per_block, "the block manager")
         seed = resolve_seed(config)
         root = root_key(config.hash_algo, config.block_size, config.namespace, seed)
-        return cls(config, seed, root, events)
+        with allocating("the block manager's pool", config.num_blocks * per_block):
+            return cls(config, seed, root, events)
 
     # ----- keys ---------------------------------------------------------------------------------
 

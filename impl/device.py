@@ -14,9 +14,9 @@ first used, so that this module only needs torch.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from pagedprefix.spec import (
@@ -50,6 +50,7 @@ BACKENDS: tuple[str, ...] = ("auto", "triton", "reference")
 CACHE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 PAD = -1  # block id of an unused block-table entry
 MAX_INT32 = 2**31 - 1
+_T = TypeVar("_T")
 
 
 class NoFreeRow(RuntimeError):
@@ -108,6 +109,21 @@ def _check_device_memory(nbytes: int, device: torch.device, what: str) -> None:
         raise InvalidConfig(
             f"{what} needs {nbytes:,} bytes on {device} but only {available:,} bytes are available"
         )
+
+
+def _allocate(what: str, nbytes: int, make: Callable[[], _T]) -> _T:
+    """``make()``, with an allocation failure turned into :class:`InvalidConfig` naming ``what``: a
+    ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA) or the CPU allocator's ``RuntimeError``
+    ("can't allocate memory"), which the estimate of :func:`_check_device_memory` can miss (other
+    threads, fragmentation, overcommit). Any other error propagates."""
+    try:
+        return make()
+    except (MemoryError, torch.OutOfMemoryError):
+        pass
+    except RuntimeError as exc:
+        if "allocate" not in str(exc):
+            raise
+    raise InvalidConfig(f"could not allocate {what} ({nbytes:,} bytes): out of memory")
 
 
 def _items(value: object, what: str, error: type[ValueError]) -> list[object]:
@@ -177,7 +193,8 @@ class BlockTables:
         Raises :class:`pagedprefix.spec.InvalidConfig` (a ``ValueError``) unless every size is an
         int >= 1 (``block_size`` at most ``MAX_BLOCK_SIZE``, ``num_blocks`` at most
         ``MAX_NUM_BLOCKS``), ``device`` exists here, and the ``4 * max_num_reqs *
-        max_blocks_per_req`` bytes of the tensor fit in its free memory.
+        max_blocks_per_req`` bytes of the tensor fit in its free memory (an allocation that fails
+        anyway is ``InvalidConfig`` too).
         """
         rows = _size("max_num_reqs", max_num_reqs, MAX_INT32)
         width = _size("max_blocks_per_req", max_blocks_per_req, MAX_INT32)
@@ -185,9 +202,11 @@ class BlockTables:
         limit = MAX_INT32 if num_blocks is None else _size("num_blocks", num_blocks, MAX_NUM_BLOCKS)
         self.block_id_limit = limit
         where = _device(device)
-        _check_device_memory(4 * rows * width, where, f"a block table of {rows} x {width} int32")
+        what = f"a block table of {rows} x {width} int32"
+        _check_device_memory(4 * rows * width, where, what)
         self.max_blocks_per_req = width
-        self.tensor = torch.full((rows, width), PAD, dtype=torch.int32, device=where)
+        self.tensor = _allocate(what, 4 * rows * width,
+                                lambda: torch.full((rows, width), PAD, dtype=torch.int32, device=where))
         self._free_rows = list(range(rows - 1, -1, -1))  # a stack: pop() gives row 0 first
         self._rows: dict[RequestId, int] = {}
         self._host: dict[RequestId, list[int]] = {}  # what each row holds, to write only changes
@@ -424,7 +443,8 @@ class KVCache:
         ``block_size`` at most ``MAX_BLOCK_SIZE``), ``dtype`` is float32, float16 or bfloat16,
         ``device`` exists here, ``backend`` is one of ``"auto"``, ``"triton"``, ``"reference"``, and
         the ``2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim * itemsize`` bytes
-        fit in the device's free memory (the message names both numbers).
+        fit in the device's free memory (the message names both numbers); an allocation that fails
+        anyway (``MemoryError``, the allocator's out-of-memory error) is ``InvalidConfig`` too.
         """
         layers = _size("num_layers", num_layers, MAX_INT32)
         blocks = _size("num_blocks", num_blocks, MAX_NUM_BLOCKS)
@@ -439,14 +459,15 @@ class KVCache:
         shape = (blocks, size, heads, dim)
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = 2 * layers * blocks * size * heads * dim * itemsize
-        _check_device_memory(nbytes, where, f"a KV cache of {layers} layers x 2 x {list(shape)} {dtype}")
+        what = f"a KV cache of {layers} layers x 2 x {list(shape)} {dtype}"
+        _check_device_memory(nbytes, where, what)
         self.num_blocks: int = blocks
-        self.key_caches: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=where) for _ in range(layers)
-        ]
-        self.value_caches: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=where) for _ in range(layers)
-        ]
+
+        def zeros() -> list[torch.Tensor]:
+            return [torch.zeros(shape, dtype=dtype, device=where) for _ in range(layers)]
+
+        self.key_caches: list[torch.Tensor] = _allocate(what, nbytes, zeros)
+        self.value_caches: list[torch.Tensor] = _allocate(what, nbytes, zeros)
         self.backend: Backend = backend
         self._pending: list[tuple[int, int]] = []
 

@@ -46,6 +46,7 @@ from pagedprefix.spec import (
     OutOfBlocks,
     RequestId,
     UnknownRequest,
+    allocating,
     check_block_id,
     check_config,
     check_extras,
@@ -161,7 +162,8 @@ class HybridBlockManager:
         seed = resolve_seed(config)
         groups = config_groups(config)
         root = root_key(config.hash_algo, hash_granularity(groups), config.namespace, seed)
-        return cls(config, seed, root, events)
+        with allocating("the hybrid block manager's pool", config.num_blocks * IMPL_HYBRID_BYTES_PER_BLOCK):
+            return cls(config, seed, root, events)
 
     # ----- keys ---------------------------------------------------------------------------------
 

@@ -89,6 +89,7 @@ from pagedprefix.spec import (
     OutOfBlocks,
     RequestId,
     UnknownRequest,
+    allocating,
     block_extra_fields,
     blocks_needed,
     capacity,
@@ -216,7 +217,9 @@ class RadixCache:
         Raises :class:`InvalidConfig` (``check_config``, and a pool whose estimated
         ``num_blocks * RADIX_BYTES_PER_BLOCK`` bytes exceed the memory available, before allocating).
         """
-        return cls(config)
+        check_config(config)
+        with allocating("the radix cache's pool", config.num_blocks * RADIX_BYTES_PER_BLOCK):
+            return cls(config)
 
     # ----- pages ------------------------------------------------------------------------------
 

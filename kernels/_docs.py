@@ -39,6 +39,9 @@ Args:
 
 Returns:
     None; ``key_cache`` and ``value_cache`` are updated in place. Slots not named are untouched.
+    Only values are written: a ``key`` or ``value`` that requires grad is read detached, and a write
+    never changes a cache's dtype, device, layout or autograd state (it never comes to require grad,
+    on either backend). A cache made under ``torch.inference_mode`` may be written outside it.
 
 Raises:
     KernelDTypeError (a TypeError): a non-tensor argument, an unsupported dtype, or dtypes that differ;
@@ -65,7 +68,8 @@ Args:
 
 Returns:
     None; for every layer and every pair, block ``dst`` of the key and value cache becomes a copy of
-    block ``src``. Other blocks are untouched.
+    block ``src``. Other blocks are untouched. The caches' dtype, device, layout and autograd state
+    never change (a cache made under ``torch.inference_mode`` may be copied in outside it).
 
 Raises:
     KernelDTypeError (a TypeError): caches not given as lists of tensors, pairs not ints, dtypes differ,
@@ -126,7 +130,9 @@ Args:
         with the device). Shapes, dtypes and devices are always checked.
 
 Returns:
-    ``[total_query_tokens, num_q_heads, head_dim]`` tensor in ``query``'s dtype and device.
+    ``[total_query_tokens, num_q_heads, head_dim]`` tensor in ``query``'s dtype and device. It never
+    requires grad (a ``query`` that requires grad is read detached, on either backend: the kernels
+    have no backward).
 
 Raises:
     KernelDTypeError (a TypeError): a non-tensor argument, an unsupported or mismatched dtype, a

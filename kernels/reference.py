@@ -13,6 +13,7 @@ import torch
 from . import _docs
 from ._validation import (
     FULL_ATTENTION,
+    AttentionProblem,
     AttentionWindow,
     check_copy_blocks,
     check_dense_attention,
@@ -39,13 +40,17 @@ def write_kv(
     problem = check_write_kv(key, value, key_cache, value_cache, slot_mapping, check_values)
     if problem.num_tokens == 0:
         return
-    slots = slot_mapping.to(torch.int64)
-    keep = slots >= 0
-    slots = slots[keep]
-    block_ids = slots // problem.block_size
-    offsets = slots % problem.block_size
-    key_cache[block_ids, offsets] = key[keep]
-    value_cache[block_ids, offsets] = value[keep]
+    # Values only, as the Triton kernel writes them: under inference mode no autograd history reaches
+    # the cache (a key that requires grad would otherwise make the cache require grad, and every later
+    # write refuse it), and a cache made under inference mode may be written from outside it.
+    with torch.inference_mode():
+        slots = slot_mapping.to(torch.int64)
+        keep = slots >= 0
+        slots = slots[keep]
+        block_ids = slots // problem.block_size
+        offsets = slots % problem.block_size
+        key_cache[block_ids, offsets] = key[keep]
+        value_cache[block_ids, offsets] = value[keep]
 
 
 @_docs.contract(_NOTE, _docs.COPY_BLOCKS)
@@ -60,9 +65,10 @@ def copy_blocks(
     if problem.num_pairs == 0:
         return
     src, dst = problem.pairs[:, 0], problem.pairs[:, 1]
-    for cache in (*problem.key_caches, *problem.value_caches):
-        # Indexing with a tensor gathers into a new tensor first, so all copies read the old contents.
-        cache[dst] = cache[src]
+    with torch.inference_mode():  # as in write_kv: values only, any cache
+        for cache in (*problem.key_caches, *problem.value_caches):
+            # Indexing with a tensor gathers into a new tensor first, so all copies read the old contents.
+            cache[dst] = cache[src]
 
 
 def gather_kv(
@@ -189,6 +195,14 @@ def paged_attention(
         sliding_window,
         attention_chunk_size,
     )
+    with torch.no_grad():  # the output never requires grad, as the Triton kernel's never does
+        return _paged_attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+                                float(scale), problem)
+
+
+def _paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                     scale: float, problem: AttentionProblem) -> torch.Tensor:
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     if problem.num_tokens == 0:
         return out

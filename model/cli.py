@@ -148,9 +148,11 @@ def generate(
     from pagedprefix.kernels import BackendUnavailableError
 
     from .engine import (
+        ContextTooLong,
         Engine,
         blocks_needed_alone,
         check_against_alone,
+        check_context,
         check_without_sharing,
         resolve_manager,
     )
@@ -166,6 +168,11 @@ def generate(
         tokenizer = load_tokenizer()
     except ModelUnavailable as exc:
         raise _fail(str(exc)) from None
+    prompts = [tokenizer.chat_prompt(system, text) for text in prompt]
+    try:  # the model's context, read with the weights, before the model is built or anything runs
+        check_context((len(p) for p in prompts), max_tokens, weights.config.max_positions)
+    except ContextTooLong as exc:
+        raise _fail(str(exc)) from None
 
     import torch
 
@@ -174,7 +181,6 @@ def generate(
     factory = resolve_manager(manager)
     owner = getattr(factory, "__self__", factory)
     manager_name = f"{owner.__module__}.{getattr(owner, '__qualname__', type(owner).__name__)}"
-    prompts = [tokenizer.chat_prompt(system, text) for text in prompt]
     num_blocks = blocks_needed_alone((len(p) for p in prompts), n, max_tokens, block_size)
     try:
         engine = Engine(

@@ -41,6 +41,7 @@ __all__ = [
     "MANAGERS",
     "BlockManagerLike",
     "CheckResult",
+    "ContextTooLong",
     "Engine",
     "EngineStats",
     "GenerationResult",
@@ -49,6 +50,7 @@ __all__ = [
     "Sample",
     "blocks_needed_alone",
     "check_against_alone",
+    "check_context",
     "check_without_sharing",
     "compare_samples",
     "generate",
@@ -144,6 +146,25 @@ class Prefill:
     logits: torch.Tensor
 
 
+class ContextTooLong(ValueError):
+    """A request that would run past the model's context (``LlamaConfig.max_positions``, the GGUF
+    ``llama.context_length``): refused before any work."""
+
+
+def check_context(prompt_lens: Iterable[int], max_tokens: int, max_positions: int) -> None:
+    """Raise :class:`ContextTooLong` unless every prompt plus ``max_tokens`` generated tokens fits in
+    ``max_positions`` (prompt + output <= context, vLLM's ``max_model_len`` rule; the last generated
+    token is never fed back, so this is one position stricter than the forward passes need)."""
+    for index, length in enumerate(prompt_lens):
+        if length + max_tokens > max_positions:
+            raise ContextTooLong(
+                f"prompt {index + 1} has {length} tokens and up to {max_tokens} are generated: "
+                f"{length + max_tokens} positions, but the model's context is {max_positions} "
+                f"(lower max_tokens, --max-tokens, to at most {max(max_positions - length, 0)} "
+                f"or shorten the prompt)"
+            )
+
+
 @dataclass
 class _Live:
     num_tokens: int
@@ -206,7 +227,11 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------------
 
     def add_request(self, request_id: RequestId, tokens: Sequence[int]) -> Prefill:
-        """Admit a prompt and prefill the tokens the cache does not hold yet."""
+        """Admit a prompt and prefill the tokens the cache does not hold yet.
+
+        Raises :class:`ContextTooLong`, before anything changes, for a prompt longer than the model's
+        ``max_positions``."""
+        check_context([len(tokens)], 0, self.model.config.max_positions)
         self._admissions += 1
         extras = NO_EXTRAS if self.prefix_sharing else Extras(cache_salt=f"private-{self._admissions}")
         allocation = self.manager.allocate(request_id, list(tokens), extras)
@@ -230,10 +255,18 @@ class Engine:
         """Append one token to each named request and return each request's next-token logits.
 
         Raises ``OutOfBlocks`` when the cache is too small (size it with :func:`blocks_needed_alone`);
-        the requests appended before the failure then hold a token without its K/V.
+        the requests appended before the failure then hold a token without its K/V. Raises
+        :class:`ContextTooLong`, before anything changes, when a request would pass the model's
+        ``max_positions``.
         """
         if not next_tokens:
             return {}
+        limit = self.model.config.max_positions
+        for request_id in next_tokens:
+            live = self._live.get(request_id)
+            if live is not None and live.num_tokens + 1 > limit:
+                raise ContextTooLong(f"request {request_id!r} holds {live.num_tokens} tokens: one more "
+                                     f"passes the model's context of {limit} positions")
         copies: list[tuple[int, int]] = []
         items: list[tuple[tuple[int, ...], int, list[int]]] = []
         for request_id, token in next_tokens.items():
@@ -395,9 +428,13 @@ def generate(
     On an engine with ``prefix_sharing=False`` every sample is admitted and prefilled on its own
     instead (no hit, no fork), and the decode batches are the same: a comparison with sharing on
     then differs only by what was shared.
+
+    Raises :class:`ContextTooLong` before any work when a prompt plus ``max_tokens`` does not fit in
+    the model's ``max_positions`` (:func:`check_context`).
     """
     if n < 1 or max_tokens < 1:
         raise ValueError("n and max_tokens must be >= 1")
+    check_context((len(p) for p in prompts), max_tokens, engine.model.config.max_positions)
     samples: list[Sample] = []
     computed: list[int] = []
     for index, prompt in enumerate(prompts):

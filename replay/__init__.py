@@ -30,13 +30,26 @@ from .lockstep import (
 from .report import monotonicity_violations, write_csv, write_json, write_plot
 from .sim import ReplayConfig, ReplayResult, run_replay, unbounded_blocks
 from .synth import DECODE_BASE, PROMPT_TOKEN_LIMIT, decode_tokens, prompt_token_array, prompt_tokens
-from .trace import BUILTIN_TRACES, BadLine, Trace, TraceError, TraceRequest, load_trace, parse_lines
+from .trace import (
+    BUILTIN_TRACES,
+    MAX_LINE_BYTES,
+    MAX_TRACE_BYTES,
+    BadLine,
+    Trace,
+    TraceError,
+    TraceLimitError,
+    TraceRequest,
+    load_trace,
+    parse_lines,
+)
 
 __all__ = [
     "BUILTIN_TRACES",
     "DECODE_BASE",
     "DEFAULT_ENGINE",
     "ENGINES",
+    "MAX_LINE_BYTES",
+    "MAX_TRACE_BYTES",
     "PROMPT_TOKEN_LIMIT",
     "BadLine",
     "Divergence",
@@ -51,6 +64,7 @@ __all__ = [
     "SliceResult",
     "Trace",
     "TraceError",
+    "TraceLimitError",
     "TraceRequest",
     "check_trace_slice",
     "compare_engines",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pagedprefix.conformance.supervise import supervised_command
 from pagedprefix.spec import InvalidConfig, PrefixCacheError, hash_granularity, parse_groups
 from pagedprefix.spec.groups import check_groups
 from rich.console import Console
@@ -72,7 +73,8 @@ _H_ROUTER = "round_robin (default with --replicas), least_loaded or prefix_aware
 _H_LAMBDA = "prefix_aware: score = cached prefix tokens - LAMBDA * blocks in use"
 _H_DROP = "probability that a replica's event batch is lost on the way to the router"
 _H_RESTART = "REPLICA@REQUEST: that replica restarts (empty cache) before that request arrives (repeatable)"
-_H_TRANSPORT = "how events reach the router: inprocess or zmq (real PUB/SUB on loopback; needs pyzmq)"
+_H_TRANSPORT = ("how events reach the router: inprocess, zmq (real PUB/SUB over IPC sockets in a private "
+                "directory) or zmq-tcp (loopback TCP with CURVE); zmq needs pyzmq")
 _H_HEARTBEAT = "replicas publish an empty event batch every idle step (a lost batch is then always seen)"
 _H_INDEXER = "the router's indexer: reference, module:factory or jsonl:COMMAND (pagedprefix indexer-conform)"
 
@@ -169,10 +171,10 @@ def replay_command(
     if not out.is_terminal:  # piped or captured: do not squeeze the table into 80 columns
         out = Console(width=160)
     job = prepare_job(params, console)
-    if job.cluster_runner is not None:
-        job.cluster_runner(job, out, console)
-        return
-    _run_single(job, out, console)
+    runner = job.cluster_runner
+    if runner is not None:
+        supervised_command(lambda: runner(job, out, console), COMMAND)
+    supervised_command(lambda: _run_single(job, out, console), COMMAND)
 
 
 def prepare_job(params: Mapping[str, Any], console: Console | None = None,

@@ -7,12 +7,12 @@ text, not rich markup, so a path or a hint such as ``pagedprefix[plot]`` is prin
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+from pagedprefix.conformance.outputs import output_problem
 from pagedprefix.spec import InvalidConfig, check_memory
 from pagedprefix.spec.errors import safe_repr
 from rich.console import Console
@@ -20,6 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .engines import builtin_bytes_per_block
 from .sim import ProgressFn
+
+__all__ = ["PLOT_HINT", "fail", "memory_problem", "output_problem", "parse_capacities", "plot_problem"]
 
 PLOT_HINT = ("--plot needs matplotlib (the plot extra): pip install 'pagedprefix[plot]', "
              "or pip install matplotlib")
@@ -55,29 +57,6 @@ def parse_capacities(text: str) -> list[int | None]:
     if not out:
         raise typer.BadParameter("give at least one block count", param_hint="--num-blocks")
     return out
-
-
-def output_problem(paths: Mapping[str, Path | None]) -> str | None:
-    """Why one of the output files (``{option: path}``, ``None`` when not asked for) cannot be
-    written, checked before any work: a directory in its place, a parent directory that does not
-    exist or is not writable, a file that is not writable, a path the OS rejects. ``None`` if all
-    can be written."""
-    for option, path in paths.items():
-        if path is None:
-            continue
-        try:
-            parent = path.parent
-            if path.is_dir():
-                return f"{option} {path}: is a directory"
-            if not parent.is_dir():
-                return f"{option} {path}: the directory {parent} does not exist"
-            if not os.access(parent, os.W_OK | os.X_OK):
-                return f"{option} {path}: the directory {parent} is not writable"
-            if path.exists() and not os.access(path, os.W_OK):
-                return f"{option} {path}: the file is not writable"
-        except (OSError, ValueError) as exc:  # a NUL byte, a name too long, an unencodable name
-            return f"{option} {safe_repr(str(path))}: not a usable path ({exc})"
-    return None
 
 
 def plot_problem(plot: Path | None) -> str | None:

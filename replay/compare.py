@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pagedprefix.conformance.supervise import supervised_command
 from pagedprefix.spec import (
     NO_EXTRAS,
     Allocation,
@@ -641,6 +642,23 @@ def compare_engines_command(
     show = progress
     if show is None:
         show = console.is_terminal and max(len(r) for r in loaded.values()) >= 500
+    supervised_command(
+        lambda: _compare_run(loaded, capacities, chosen, names, show, console, out, limit, block_size,
+                             max_running, decode_chunk, max_output, hash_algo, memory,
+                             (csv_path, json_path, plot)),
+        COMMAND,
+    )
+
+
+def _compare_run(
+    loaded: dict[str, Sequence[TraceRequest]], capacities: list[int | None], chosen: tuple[EngineSpec, ...],
+    names: list[str], show: bool, console: Console, out: Console, limit: int, block_size: int,
+    max_running: int, decode_chunk: int, max_output: int | None, hash_algo: str, memory: str,
+    outputs: tuple[Path | None, Path | None, Path | None],
+) -> None:
+    """The runs of ``compare-engines`` (every option checked), the table and the files. (Run in
+    the supervised child: :mod:`pagedprefix.conformance.supervise`.)"""
+    csv_path, json_path, plot = outputs
     t0 = time.perf_counter()
 
     def around_run(name: str, cap: int | None, spec: EngineSpec) -> AbstractContextManager[ProgressFn | None]:

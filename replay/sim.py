@@ -45,7 +45,7 @@ from pagedprefix.spec import (
     describe_groups,
     hit_alignment,
 )
-from pagedprefix.spec.cache import check_config
+from pagedprefix.spec.cache import check_config, seed_redacted_repr
 from pagedprefix.spec.errors import safe_repr
 
 from .bound import prefix_hit_bound
@@ -100,6 +100,9 @@ class ReplayConfig:
     dedup_on_full: bool = False
     groups: tuple[KVCacheGroup, ...] | None = None
     retention: str = "replay"
+
+    def __repr__(self) -> str:
+        return seed_redacted_repr(self)  # hash_seed shows as <set> (docs/SECURITY.md "Secrets")
 
     def validate(self) -> None:
         """Raise :class:`pagedprefix.spec.InvalidConfig` (a ``ValueError``) for a knob of the wrong

@@ -15,6 +15,15 @@ line; otherwise (lenient, the default) the line is skipped, counted and reported
 A skipped line never influences the checks of later lines (its ids are not recorded). Blank lines
 are ignored.
 
+Limits (resource limits, not bad lines: they raise :class:`TraceLimitError` in lenient mode too): a
+line holds at most :data:`MAX_LINE_BYTES` (1 MiB, 2**20 bytes of UTF-8 without its ``\\n`` or
+``\\r\\n`` ending; the longest line of the built-in traces is 2,698 bytes, and 1 MiB holds about 50,000
+``hash_ids``, a 25M-token prompt), and a file yields at most :data:`MAX_TRACE_BYTES` (1 GiB, 2**30
+bytes) *after* decompression (the built-in traces are 3.0 MB and 1.1 MB), so a small ``.gz`` cannot
+expand without bound. The file is read with a bounded ``readline``: loading holds about one line of
+text at a time besides the parsed requests, and a too-long line is refused after reading
+``MAX_LINE_BYTES + 2`` bytes of it.
+
 Built-in traces ship gzip-compressed in ``data/``: ``conversation`` and ``synthetic``.
 """
 
@@ -36,6 +45,12 @@ TRACE_BLOCK_SIZE = 512
 """Tokens per ``hash_ids`` entry in the Mooncake format."""
 
 MAX_HASH_ID = 2**63
+
+MAX_LINE_BYTES = 2**20
+"""Longest trace line accepted, in bytes of UTF-8 without the line ending (1 MiB)."""
+
+MAX_TRACE_BYTES = 2**30
+"""Most bytes one trace file may yield after decompression (1 GiB)."""
 
 BUILTIN_TRACES: dict[str, str] = {
     "conversation": "mooncake_fast25_conversation_trace.jsonl.gz",
@@ -83,6 +98,11 @@ class TraceError(ValueError):
         self.bad = bad
         text = message if message is not None else f"{source}: {bad}"
         super().__init__(text)
+
+
+class TraceLimitError(TraceError):
+    """A trace beyond a documented size limit (:data:`MAX_LINE_BYTES`, :data:`MAX_TRACE_BYTES`):
+    refused whether or not ``strict``, before the rest of the file is read."""
 
 
 @dataclass
@@ -317,16 +337,57 @@ def resolve_trace(name_or_path: str | Path) -> Path:
     return path
 
 
-def _open_text(path: Path) -> io.TextIOBase:
+class _BoundedLines:
+    """The lines of a binary stream, decoded as UTF-8, with the module's size limits enforced while
+    reading: ``readline`` never asks for more than ``max_line + 1`` bytes (so a huge line is never
+    held whole), and the bytes read in all (after decompression) never exceed ``max_total``."""
+
+    def __init__(self, raw: io.BufferedIOBase | gzip.GzipFile, source: str, max_line: int,
+                 max_total: int) -> None:
+        self.raw, self.source = raw, source
+        self.max_line, self.max_total = max_line, max_total
+        self.total = 0
+
+    def __iter__(self) -> Iterator[str]:
+        number = 0
+        while True:
+            room = self.max_total - self.total
+            chunk = self.raw.readline(min(self.max_line + 2, room + 1))  # + 2: the line ending
+            if not chunk:
+                return
+            number += 1
+            self.total += len(chunk)
+            if self.total > self.max_total:
+                raise TraceLimitError(self.source, None,
+                                      f"{self.source}: more than {self.max_total:,} bytes (after "
+                                      f"decompression) by line {number}; the limit is MAX_TRACE_BYTES")
+            body = chunk[:-1] if chunk.endswith(b"\n") else chunk
+            body = body[:-1] if body.endswith(b"\r") else body
+            if len(body) > self.max_line:
+                raise TraceLimitError(self.source, BadLine(number, "line too long"),
+                                      f"{self.source}: line {number} is longer than {self.max_line:,} "
+                                      f"bytes (the limit is MAX_LINE_BYTES)")
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(self.source, BadLine(number, "not UTF-8"),
+                                 f"{self.source}: cannot read trace: line {number} is not UTF-8 "
+                                 f"({exc.reason} at byte {exc.start + 1} of the line)") from None
+            yield text
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase | gzip.GzipFile:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return io.TextIOWrapper(open(path, "rb"), encoding="utf-8")
+        return gzip.open(path, "rb")
+    return open(path, "rb")
 
 
-def _lines(handle: io.TextIOBase) -> Iterator[str]:
-    yield from handle
+def _limit(name: str, value: object) -> int:
+    if type(value) is not int or value < 1:
+        raise TraceError("<trace>", None, f"{name} must be an int >= 1, got {safe_repr(value)}")
+    return value
 
 
 def check_read_options(source: object, strict: object, limit: object) -> None:
@@ -338,20 +399,30 @@ def check_read_options(source: object, strict: object, limit: object) -> None:
         raise TraceError(name, None, f"{name}: limit must be None or an int >= 0, got {safe_repr(limit)}")
 
 
-def load_trace(name_or_path: str | Path, *, strict: bool = False, limit: int | None = None) -> Trace:
+def load_trace(name_or_path: str | Path, *, strict: bool = False, limit: int | None = None,
+               max_line_bytes: int | None = None, max_bytes: int | None = None) -> Trace:
     """Load a trace by built-in name (``conversation``, ``synthetic``) or path (``.gz`` detected by
-    content). Raises :class:`TraceError` for a missing, unreadable or undecodable file (not UTF-8,
-    a truncated or corrupt gzip stream: ``OSError``, ``EOFError``, ``zlib.error``), and for the
-    first bad line when ``strict``."""
+    content).
+
+    ``max_line_bytes`` and ``max_bytes`` lower (or raise) the limits of the module docstring; ``None``
+    means :data:`MAX_LINE_BYTES` and :data:`MAX_TRACE_BYTES`.
+
+    Raises :class:`TraceError` for a missing, unreadable or undecodable file (not UTF-8, a truncated
+    or corrupt gzip stream: ``OSError``, ``EOFError``, ``zlib.error``), and for the first bad line
+    when ``strict``; :class:`TraceLimitError` (a :class:`TraceError`) for a line or a file beyond the
+    limits, naming the file and the line number, in either mode."""
     if isinstance(name_or_path, str):
         name_or_path = str.__str__(name_or_path)  # a str subclass's own methods never run
     elif not isinstance(name_or_path, Path):
         raise TraceError("<trace>", None, f"a trace is a name or a path, got {type(name_or_path).__name__}")
     check_read_options(str(name_or_path), strict, limit)
+    max_line = _limit("max_line_bytes", MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes)
+    max_total = _limit("max_bytes", MAX_TRACE_BYTES if max_bytes is None else max_bytes)
     path = resolve_trace(name_or_path)
     source = str(name_or_path)
     try:
-        with _open_text(path) as handle:
-            return parse_lines(_lines(handle), source=source, strict=strict, limit=limit)
+        with _open_binary(path) as raw:
+            lines = _BoundedLines(raw, source, max_line, max_total)
+            return parse_lines(iter(lines), source=source, strict=strict, limit=limit)
     except (OSError, UnicodeDecodeError, EOFError, zlib.error) as exc:
         raise TraceError(source, None, f"{source}: cannot read trace: {type(exc).__name__}: {exc}") from exc

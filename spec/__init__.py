@@ -63,7 +63,7 @@ from .groups import (
 )
 from .hybrid import ForkResult, HybridAllocation, HybridAppendResult, HybridSnapshot, HybridSpecCache
 from .keys import HASH_ALGOS, HASH_FUNCTIONS, chain_keys, encode_block, encode_root, hash_function, root_key
-from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, available_memory, check_memory
+from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, allocating, available_memory, check_memory
 
 
 def create_cache(config: CacheConfig, *, events: bool = False) -> SpecCache | HybridSpecCache:
@@ -117,6 +117,7 @@ __all__ = [
     "Snapshot",
     "SpecCache",
     "UnknownRequest",
+    "allocating",
     "available_memory",
     "block_extra_fields",
     "blocks_needed",

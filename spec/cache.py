@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .arith import blocks_needed, capacity, max_hit_blocks
 from .errors import (
@@ -31,7 +31,7 @@ from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
 from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields, check_extras
 from .groups import GROUP_FREE_ORDERS, RETENTIONS, Groups, check_groups, is_hybrid
 from .keys import HASH_ALGOS, SEEDED_BY_DEFAULT, chain_keys, hash_function, root_key
-from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, check_memory
+from .limits import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, allocating, check_memory
 
 RequestId = str | int
 FREE_ORDERS: tuple[str, ...] = ("unhashed_to_head", "append_all")
@@ -78,6 +78,9 @@ class CacheConfig:
             releases a hybrid request's tables (``GROUP_FREE_ORDERS``).
 
     The last three change nothing for the single full-attention group.
+
+    ``repr`` and ``str`` show ``hash_seed`` only as ``<set>`` or ``None`` (docs/SECURITY.md "Secrets":
+    the seed of ``xxh3_128`` is a secret, so it is never logged).
     """
 
     block_size: int
@@ -91,6 +94,28 @@ class CacheConfig:
     groups: Groups | None = None
     retention: str = "replay"
     group_free_order: str = "group_major"
+
+    def __repr__(self) -> str:
+        return seed_redacted_repr(self)
+
+
+SECRET_FIELDS = frozenset({"hash_seed"})
+"""Dataclass fields that hold a cache's seed: never shown by :func:`seed_redacted_repr`."""
+
+
+def seed_redacted_repr(obj: object) -> str:
+    """The dataclass repr of ``obj`` with every field of :data:`SECRET_FIELDS` shown as ``<set>``
+    (or ``None``), for the ``__repr__`` of every dataclass that carries a seed."""
+    parts = []
+    for f in fields(obj):  # type: ignore[arg-type]
+        if not f.repr:
+            continue
+        value = getattr(obj, f.name)
+        if f.name in SECRET_FIELDS:
+            parts.append(f"{f.name}={'None' if value is None else '<set>'}")
+        else:
+            parts.append(f"{f.name}={value!r}")
+    return f"{type(obj).__qualname__}({', '.join(parts)})"
 
 
 def _is_int(x: object) -> bool:
@@ -120,7 +145,9 @@ def check_config(config: CacheConfig) -> None:
     _check_choice("hash_algo", config.hash_algo, HASH_ALGOS)
     seed = config.hash_seed
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**64):
-        raise InvalidConfig(f"hash_seed must be None or an int in [0, 2**64), got {safe_repr(seed)}")
+        # The value is not shown: a wrong seed may be a typo of the secret one (docs/SECURITY.md).
+        shown = "an int outside that range" if _is_int(seed) else f"a {type(seed).__name__}"
+        raise InvalidConfig(f"hash_seed must be None or an int in [0, 2**64), got {shown}")
     if type(config.namespace) is not str:
         raise InvalidConfig(f"namespace must be a str, got {type(config.namespace).__name__}")
     try:
@@ -279,7 +306,7 @@ class SpecCache:
     """
 
     config: CacheConfig
-    hash_seed: int | None
+    hash_seed: int | None = field(repr=False)  # a secret (docs/SECURITY.md "Secrets")
     root: bytes
     blocks: list[Block]
     cached: dict[bytes, list[int]] = field(default_factory=dict)
@@ -307,14 +334,15 @@ class SpecCache:
         check_memory(config.num_blocks, SPEC_BYTES_PER_BLOCK, "the spec cache")
         seed = resolve_seed(config)
         root = root_key(config.hash_algo, config.block_size, config.namespace, seed)
-        return cls(
-            config=config,
-            hash_seed=seed,
-            root=root,
-            blocks=[Block() for _ in range(config.num_blocks)],
-            free_block_queue=list(range(config.num_blocks)),
-            events=[] if events else None,
-        )
+        with allocating("the spec cache's pool", config.num_blocks * SPEC_BYTES_PER_BLOCK):
+            return cls(
+                config=config,
+                hash_seed=seed,
+                root=root,
+                blocks=[Block() for _ in range(config.num_blocks)],
+                free_block_queue=list(range(config.num_blocks)),
+                events=[] if events else None,
+            )
 
     # ----- keys and content -------------------------------------------------------------------
 

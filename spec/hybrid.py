@@ -94,7 +94,7 @@ from .groups import (
     replay_boundary,
 )
 from .keys import chain_keys, group_key, hash_function, key_group, root_key
-from .limits import check_memory
+from .limits import allocating, check_memory
 
 HYBRID_SPEC_BYTES_PER_BLOCK = 160
 """Bytes an empty :class:`HybridSpecCache` pool takes per block (a slotted ``HybridBlock``, its
@@ -200,7 +200,7 @@ class HybridSpecCache:
 
     config: CacheConfig
     groups: Groups
-    hash_seed: int | None
+    hash_seed: int | None = field(repr=False)  # a secret (docs/SECURITY.md "Secrets")
     root: bytes
     blocks: list[HybridBlock]
     cached: dict[bytes, list[int]] = field(default_factory=dict)
@@ -228,15 +228,16 @@ class HybridSpecCache:
         groups = config_groups(config)
         seed = resolve_seed(config)
         h = hash_granularity(groups)
-        return cls(
-            config=config,
-            groups=groups,
-            hash_seed=seed,
-            root=root_key(config.hash_algo, h, config.namespace, seed),
-            blocks=[HybridBlock() for _ in range(config.num_blocks)],
-            free_block_queue=list(range(config.num_blocks)),
-            events=[] if events else None,
-        )
+        with allocating("the hybrid spec cache's pool", config.num_blocks * HYBRID_SPEC_BYTES_PER_BLOCK):
+            return cls(
+                config=config,
+                groups=groups,
+                hash_seed=seed,
+                root=root_key(config.hash_algo, h, config.namespace, seed),
+                blocks=[HybridBlock() for _ in range(config.num_blocks)],
+                free_block_queue=list(range(config.num_blocks)),
+                events=[] if events else None,
+            )
 
     @property
     def h(self) -> int:

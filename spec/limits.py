@@ -14,14 +14,27 @@
 
 Available memory (:func:`available_memory`) is the smallest of ``MemAvailable`` in
 ``/proc/meminfo``, the room left under a cgroup (v2 ``memory.max - memory.current``, v1
-``memory.limit_in_bytes - memory.usage_in_bytes``) and ``os.sysconf`` available physical pages;
-sources that do not exist are skipped, and when none exists nothing is refused.
+``memory.limit_in_bytes - memory.usage_in_bytes``), the room left under the process's address-space
+limit (``RLIMIT_AS`` soft limit minus ``VmSize`` of ``/proc/self/status``: ``ulimit -v``, which
+``MemAvailable`` knows nothing of) and ``os.sysconf`` available physical pages; sources that do not
+exist are skipped, and when none exists nothing is refused.
+
+The estimate can still be beaten (another thread allocating, fragmentation, overcommit): the engines
+build their pools inside :func:`allocating`, which turns a ``MemoryError`` raised by the allocation
+itself into :class:`InvalidConfig` too, so no ``MemoryError`` escapes a ``create``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not on Windows
+    resource = None  # type: ignore[assignment]
 
 from .errors import InvalidConfig
 
@@ -63,9 +76,37 @@ def _sysconf_available() -> int | None:
     return pages * size if pages > 0 and size > 0 else None
 
 
+def _address_space_used() -> int | None:
+    """Bytes of address space this process maps now (``VmSize``), ``None`` when unknown."""
+    try:
+        lines = Path("/proc/self/status").read_text(encoding="ascii").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if name == "VmSize" and parts and parts[0].isdigit():
+            return int(parts[0]) * 1024
+    return None
+
+
+def _rlimit_available() -> int | None:
+    """Room left under the soft ``RLIMIT_AS`` (the whole limit when the usage is unknown)."""
+    if resource is None:
+        return None
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return None
+    used = _address_space_used()
+    return max(soft - used, 0) if used is not None else soft
+
+
 def available_memory() -> int | None:
     """Bytes this process can still allocate, as far as the system says; ``None`` when unknown."""
-    found = [_meminfo_available(), _sysconf_available()]
+    found = [_meminfo_available(), _sysconf_available(), _rlimit_available()]
     for limit_path, usage_path in _CGROUP_FILES:
         limit, usage = _read_int(limit_path), _read_int(usage_path)
         if limit is not None and usage is not None and limit < 2**62:  # v1 says "no limit" as ~2**63
@@ -84,3 +125,14 @@ def check_memory(num_blocks: int, bytes_per_block: int, what: str) -> None:
             f"{what} with num_blocks={num_blocks} needs about {needed:,} bytes "
             f"({bytes_per_block} per block) but only {available:,} bytes of memory are available"
         )
+
+
+@contextmanager
+def allocating(what: str, nbytes: int | None = None) -> Iterator[None]:
+    """Run the allocation of ``what`` (about ``nbytes`` bytes when known); a ``MemoryError`` it
+    raises becomes :class:`InvalidConfig` naming ``what``. Nothing else is caught."""
+    try:
+        yield
+    except MemoryError:
+        size = "" if nbytes is None else f" ({nbytes:,} bytes)"
+        raise InvalidConfig(f"could not allocate {what}{size}: out of memory") from None

@@ -153,3 +153,123 @@ class HangsOnQuery(ReferenceIndexer):
 
 
 hangs_on_query = _factory(HangsOnQuery)
+
+
+# ----- hostile candidates: they do not answer wrongly, they leave ----------------------------------
+# Each must be a FAIL of the candidate (exit 1, one line naming the call), never a PASS, a silent
+# exit 0 or a wait per scenario (tests/test_cluster_conform.py).
+
+
+def _mark() -> None:
+    """Tell a test that the candidate has been entered (``BROKEN_INDEXER_MARK`` names a file)."""
+    import os
+
+    mark = os.environ.get("BROKEN_INDEXER_MARK")
+    if mark:
+        with open(mark, "w") as f:
+            f.write("entered\n")
+
+
+class ExitsOnEvents(ReferenceIndexer):
+    """``events`` raises ``SystemExit(0)``: it once made the run print nothing and exit 0."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        raise SystemExit(0)
+
+
+class InterruptsOnQuery(ReferenceIndexer):
+    """``query`` raises ``KeyboardInterrupt`` itself (no user pressed Ctrl-C)."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        raise KeyboardInterrupt
+
+
+class GeneratorExitOnResync(ReferenceIndexer):
+    """``resync`` raises ``GeneratorExit``."""
+
+    def resync(self, source: str, seq: int, cached_keys: Mapping[GroupKey, int]) -> None:
+        raise GeneratorExit
+
+
+class ExitingMapping(Mapping[str, int | None]):
+    """An answer whose lookups raise ``SystemExit``: the harness reads it inside the boundary."""
+
+    def __getitem__(self, key: str) -> int | None:
+        raise SystemExit(3)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise SystemExit(3)
+
+    def __len__(self) -> int:
+        return 1
+
+
+class ExitsInItsAnswer(ReferenceIndexer):
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        return ExitingMapping()  # type: ignore[return-value]
+
+
+class DiesOnEvents(ReferenceIndexer):
+    """``os._exit(7)`` in the worker, mid-run."""
+
+    def events(self, source: str, batch: EventBatch) -> bool:
+        import os
+
+        os._exit(7)
+
+
+class KilledOnQuery(ReferenceIndexer):
+    """Killed by a signal (SIGKILL) in the worker, mid-run."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+class SleepsInQuery(ReferenceIndexer):
+    """Sleeps in ``query`` after marking that it was entered (for a Ctrl-C test)."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        import time
+
+        _mark()
+        time.sleep(120)
+        return super().query(keys, num_tokens)
+
+
+class SwallowsInterrupts(ReferenceIndexer):
+    """Sleeps in ``query`` and swallows whatever interrupts it (the user's Ctrl-C included)."""
+
+    def query(self, keys: Sequence[Sequence[bytes]], num_tokens: int) -> Answers:
+        import contextlib
+        import time
+
+        _mark()
+        with contextlib.suppress(BaseException):  # the point of this candidate
+            time.sleep(120)
+        return super().query(keys, num_tokens)
+
+
+exits_on_events = _factory(ExitsOnEvents)
+swallows_interrupts = _factory(SwallowsInterrupts)
+interrupts_on_query = _factory(InterruptsOnQuery)
+generator_exit_on_resync = _factory(GeneratorExitOnResync)
+exits_in_its_answer = _factory(ExitsInItsAnswer)
+dies_on_events = _factory(DiesOnEvents)
+killed_on_query = _factory(KilledOnQuery)
+sleeps_in_query = _factory(SleepsInQuery)
+
+
+def hangs_on_create(config: IndexerConfig) -> ReferenceIndexer:
+    """Answers ``hello`` (the server loads it) but never builds an indexer: ``create`` never answers."""
+    import time
+
+    time.sleep(3600)
+    return ReferenceIndexer(config)
+
+
+def exits_on_create(config: IndexerConfig) -> ReferenceIndexer:
+    raise SystemExit(0)

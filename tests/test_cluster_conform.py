@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import broken_indexers
 import pytest
-from pagedprefix.cluster import builtin_scenarios, judge, judge_scenario
+from pagedprefix.cluster import Verdict, builtin_scenarios, judge, judge_scenario, reference_indexer
+from pagedprefix.cluster.conform import all_passed
 from pagedprefix.cluster.load import open_indexer
 from pagedprefix.cluster.scenarios import HAND_WRITTEN
 
@@ -144,3 +146,131 @@ def test_cli_lists_the_scenarios() -> None:
     assert proc.returncode == 0
     names = [line.split(":")[0] for line in proc.stdout.splitlines()]
     assert names == [make().name for make in HAND_WRITTEN] + ["random-full-0"]
+
+
+# ----- no PASS without judging (issue 18, rules 1 and 4) ------------------------------------------
+
+HAND = builtin_scenarios(0)
+
+
+@pytest.mark.parametrize("name, call, exc", [
+    ("exits_on_events", "events", "SystemExit: 0"),
+    ("interrupts_on_query", "query", "KeyboardInterrupt"),
+    ("generator_exit_on_resync", "resync", "GeneratorExit"),
+    ("exits_in_its_answer", "reading the query's answer", "SystemExit: 3"),
+])
+def test_a_candidate_that_raises_a_base_exception_fails_in_process(name: str, call: str, exc: str) -> None:
+    verdicts = judge(getattr(broken_indexers, name), HAND)
+    messages = {v.finding.message for v in verdicts if v.finding is not None}
+    assert f"{call} raised {exc}" in messages
+    assert not all(v.passed for v in verdicts)
+    assert all(v.ran for v in verdicts)  # the harness is fine: every scenario is still judged
+
+
+def test_a_candidate_that_exits_while_built_fails() -> None:
+    v = judge_scenario(broken_indexers.exits_on_create, HAND[0])
+    assert v.finding is not None and v.finding.message == "building the indexer raised SystemExit: 0"
+
+
+def test_zero_scenarios_judged_is_never_a_pass() -> None:
+    assert all_passed([]) is False
+    assert judge(reference_indexer, []) == []
+    not_run = Verdict(HAND[0], ran=False, not_run="x")
+    assert not not_run.passed and not_run.status == "NOT RUN" and all_passed([not_run]) is False
+    assert all_passed(judge(reference_indexer, HAND[:2])) is True
+
+
+@pytest.mark.parametrize("name, phrase", [
+    ("dies_on_events", "exited with status 7 during events"),
+    ("killed_on_query", "was killed by SIGKILL during query"),
+])
+def test_a_worker_that_dies_mid_run_fails_with_its_exit_status(name: str, phrase: str) -> None:
+    loaded = open_indexer(f"broken_indexers:{name}", paths=[Path(TESTS)])
+    try:
+        verdicts = judge(loaded.factory, HAND)
+    finally:
+        loaded.close()
+    first = verdicts[0]
+    assert first.status == "FAIL" and first.finding is not None and first.finding.fatal
+    assert phrase in first.finding.message
+    # The candidate is gone: the other scenarios are not run (and not passed).
+    assert [v.status for v in verdicts[1:]] == ["NOT RUN"] * (len(HAND) - 1)
+    assert verdicts[1].not_run == f"the indexer hung or died in {HAND[0].name}"
+    assert not all_passed(verdicts)
+
+
+def test_cli_in_process_system_exit_0_is_a_fail_with_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    proc = run_cli("--indexer", "broken_indexers:exits_on_events", "--in-process", "--path", TESTS,
+                   "--generated", "0", "--json", str(out))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    report = json.loads(out.read_text())
+    assert report["passed"] is False
+    messages = {s["finding"]["message"] for s in report["scenarios"] if s["finding"]}
+    assert messages == {"events raised SystemExit: 0"}
+    assert "0 passed" in proc.stdout
+
+
+def test_cli_in_process_module_that_exits_at_import_is_a_fail(tmp_path: Path) -> None:
+    (tmp_path / "exits_at_import.py").write_text("raise SystemExit(0)\n")
+    proc = run_cli("--indexer", "exits_at_import:f", "--in-process", "--path", str(tmp_path))
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert proc.stderr.strip().splitlines() == [
+        "pagedprefix indexer-conform: error: FAIL: loading the indexer 'exits_at_import:f' raised "
+        "SystemExit: 0"]
+
+
+def test_cli_an_indexer_that_never_answers_create_costs_one_start_timeout() -> None:
+    t0 = time.monotonic()
+    proc = run_cli("--indexer", "broken_indexers:hangs_on_create", "--path", TESTS, "--generated", "0",
+                   "--start-timeout", "2")
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"0 passed, 1 failed, {len(HAND) - 1} not run" in proc.stdout
+    assert "building the indexer raised EngineHung: create did not return within 2 s" in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "FAIL: the indexer is lost" in lines[0]
+    assert f"{len(HAND) - 1} scenario(s) not run" in lines[0]
+    assert elapsed < 15  # one time limit (2 s) plus start-up, not one per scenario (20 s and more)
+
+
+@pytest.mark.parametrize("name", ["sleeps_in_query", "swallows_interrupts"])
+def test_cli_a_real_ctrl_c_stops_the_run_with_130(tmp_path: Path, name: str) -> None:
+    mark = tmp_path / "entered"
+    argv = [sys.executable, "-m", "pagedprefix", "indexer-conform",
+            "--indexer", f"broken_indexers:{name}",
+            "--in-process", "--path", TESTS, "--generated", "0", "--call-timeout", "100"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(worker_env(), BROKEN_INDEXER_MARK=str(mark)))
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists()
+        proc.send_signal(signal.SIGINT)  # the user's Ctrl-C, delivered while the candidate runs
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [
+        "pagedprefix indexer-conform: error: interrupted (SIGINT): no verdict"]
+
+
+def test_cli_a_candidate_raising_keyboard_interrupt_is_a_fail_not_an_interrupt() -> None:
+    proc = run_cli("--indexer", "broken_indexers:interrupts_on_query", "--in-process", "--path", TESTS,
+                   "--generated", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert "query raised KeyboardInterrupt" in proc.stdout
+
+
+def test_cli_zero_scenarios_judged_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer
+    from pagedprefix.cluster import cli as cluster_cli
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(cluster_cli.indexer_conform_command)
+    monkeypatch.setattr(cluster_cli, "builtin_scenarios", lambda n: [])
+    result = CliRunner().invoke(app, [])
+    assert result.exit_code == 1
+    assert "FAIL: no scenario was judged, which is not a pass" in result.output

@@ -164,10 +164,11 @@ def test_a_restart_leaves_stale_credit_until_the_new_instance_publishes() -> Non
     ClusterOptions(3, "prefix_aware", drop_events=0.2, restarts=((0, 70),)),
     ClusterOptions(2, "least_loaded", drop_events=0.1),
 ])
-def test_zmq_pub_sub_gives_the_in_process_results(options: ClusterOptions) -> None:
+@pytest.mark.parametrize("transport", ["zmq", "zmq-tcp"])
+def test_zmq_pub_sub_gives_the_in_process_results(options: ClusterOptions, transport: str) -> None:
     needs_zmq()
     here = run_cluster(SLICE, UNBOUNDED, options, IMPL)
-    wire = run_cluster(SLICE, UNBOUNDED, replace(options, transport="zmq"), IMPL)
+    wire = run_cluster(SLICE, UNBOUNDED, replace(options, transport=transport), IMPL)
     assert wire.hits == here.hits and wire.routes == here.routes
     strip = {"wall_s", "transport"}
     assert {k: v for k, v in wire.row().items() if k not in strip} == {

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from pagedprefix.cluster.sweep import CellError, check_cell, grid, run_cell, run_sweep
+from pagedprefix.cluster.sweep import MAX_CELLS, CellError, check_cell, grid, grid_size, run_cell, run_sweep
 
 REST = ["--limit", "60", "--num-blocks", "unbounded", "--max-output", "16"]
 CELLS = grid({"replicas": ["1", "2"], "router": ["round_robin", "prefix_aware"]}, REST)
@@ -103,3 +105,59 @@ def test_sweep_errors_are_one_line(args: list[str], phrase: str) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pagedprefix sweep: error:"), proc.stderr
     assert phrase in lines[0] and "Traceback" not in proc.stderr
+
+
+# ----- validate before work (issue 18, rule 5) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, phrase", [
+    (["--num-blocks", "abc"], "not a block count: 'abc'"),
+    (["--num-blocks", "0"], "block counts must be >= 1"),
+    (["--engine", "nope"], "engine 'nope'"),
+    (["--groups", "full:16"], "--groups runs one engine"),
+    (["--replicas", "2", "--restart-replica", "5@1"], "restart 5@1"),
+    (["--num-blocks", "64,2147483647"], "num_blocks must be an int in [1, 2147483646]"),
+    (["--samples", "100000000000"], "samples must be an int in [1, 1024]"),
+])
+def test_cell_options_the_replay_checks_late_are_checked_before_running(argv: list[str], phrase: str) -> None:
+    with pytest.raises(CellError, match=re.escape(phrase)):
+        check_cell(argv)
+
+
+def test_the_grid_size_is_checked_before_the_grid_is_built() -> None:
+    huge = {"replicas": [str(i) for i in range(1000)], "num-blocks": [str(i) for i in range(1, 1001)],
+            "drop-events": ["0"] * 1000}
+    assert grid_size(huge) == 10**9
+    t0 = time.monotonic()
+    with pytest.raises(CellError, match=r"the grid has 1,000,000,000 cells .* at most 10,000"):
+        grid(huge, [])
+    assert time.monotonic() - t0 < 5  # not minutes of building cells
+    assert len(grid({"replicas": ["1"] * MAX_CELLS}, [])) == MAX_CELLS
+
+
+def sweep_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "pagedprefix", "sweep", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--executor", "ray", "--num-blocks", "abc"],
+     "Invalid value for --num-blocks: not a block count: 'abc'"),
+    (["--executor", "ray", "--", "--limit", "abc"], "Invalid value for '--limit'"),
+    (["--executor", "ray", "--replicas", ",".join(map(str, range(1, 201))), "--num-blocks",
+      ",".join(map(str, range(1, 201)))], "the grid has 40,000 cells"),
+])
+def test_a_bad_sweep_option_fails_in_one_line_before_ray_is_imported(tmp_path: Path, args: list[str],
+                                                                     phrase: str) -> None:
+    fake = tmp_path / "ray"  # shadows the real Ray: importing it leaves a mark
+    fake.mkdir()
+    mark = tmp_path / "ray-imported"
+    (fake / "__init__.py").write_text(f"open({str(mark)!r}, 'w').close()\nraise ImportError('fake')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    t0 = time.monotonic()
+    proc = sweep_cli(*args, env=env)
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pagedprefix sweep: error:") and phrase in lines[0], lines
+    assert not mark.exists()  # Ray was never imported, let alone started

@@ -68,7 +68,7 @@ VERDICTS = [
     ("step_raises", 1, "step() raised RuntimeError: step() of a misbehaving engine"),
     ("allocate_sleeps", 1, "allocate did not return within 2 s; the run ended here"),
     ("allocate_returns_none", 1, "crashed: AttributeError"),
-    ("dies_mid_run", 1, "closed its output"),
+    ("dies_mid_run", 1, "exited with status 3 during free; the run ended here"),
     ("factory_raises", 1, "raised RuntimeError: this factory always fails"),
     ("factory_returns_garbage", 1, "engine-errors"),
     ("factory_sleeps", 1, "create did not return within 5 s"),

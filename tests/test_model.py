@@ -319,6 +319,104 @@ def test_missing_model_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped exception
 
 
+# -- the model's context: prompt + max_tokens <= max_positions ------------------------------------
+
+def _short_model() -> Llama:
+    from dataclasses import replace
+
+    config = replace(TINY, max_positions=64)
+    return Llama(config, tiny_tensors(config))
+
+
+def test_generate_refuses_past_the_context_before_any_work() -> None:
+    from pagedprefix.model.engine import ContextTooLong
+
+    engine = Engine(_short_model(), num_blocks=64, block_size=4, manager="spec", backend="reference")
+    prompt = list(range(1, 41))
+    with pytest.raises(ContextTooLong, match="40 tokens and up to 25 are generated: 65 positions, but the "
+                       r"model's context is 64 \(lower max_tokens, --max-tokens, to at most 24"):
+        generate(engine, [[1, 2], prompt], max_tokens=25)
+    assert engine.stats.prompt_tokens == 0 and engine.live_requests() == ()  # nothing was admitted
+    result = generate(engine, [prompt], max_tokens=24)  # exactly the context: fine
+    assert len(result.samples[0].tokens) == 24
+
+
+def test_engine_refuses_a_prompt_or_a_decode_past_the_context() -> None:
+    from pagedprefix.model.engine import ContextTooLong
+
+    engine = Engine(_short_model(), num_blocks=64, block_size=4, manager="spec", backend="reference")
+    with pytest.raises(ContextTooLong):
+        engine.add_request("long", list(range(65)))
+    assert engine.live_requests() == () and engine.stats.prompt_tokens == 0
+    engine.add_request("r", list(range(63)))
+    engine.decode({"r": 5})  # token 64: the last position
+    before = (engine.block_table("r"), engine.stats.decode_tokens)
+    with pytest.raises(ContextTooLong, match="holds 64 tokens"):
+        engine.decode({"r": 6})
+    assert (engine.block_table("r"), engine.stats.decode_tokens) == before
+
+
+class _FakeTokenizer:
+    stop_ids: frozenset[int] = frozenset()
+
+    def chat_prompt(self, system: str, prompt: str) -> list[int]:
+        return [1 + (i % 90) for i in range(40)]
+
+    def system_prefix(self, system: str) -> list[int]:
+        return [1] * 8
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
+def _fake_model_cli(monkeypatch: pytest.MonkeyPatch, max_positions: int) -> tuple[object, list[int]]:
+    """The ``generate`` command over the tiny random model (context ``max_positions``) and a tokenizer
+    whose chat prompts are 40 tokens; the list counts the Llama models built."""
+    from dataclasses import replace
+
+    import pagedprefix.model.llama as llama
+    import pagedprefix.model.tokenizer as tokenizer
+    import pagedprefix.model.weights as weights
+    import typer
+    from pagedprefix.model.cli import register
+
+    config = replace(TINY, max_positions=max_positions)
+    fake = weights.Weights(config=config, tensors=tiny_tensors(config), source="cache", path=Path("tiny"))
+    monkeypatch.setattr(weights, "find_gguf", lambda: Path("tiny.gguf"))
+    monkeypatch.setattr(weights, "load_weights", lambda *a, **k: fake)
+    monkeypatch.setattr(tokenizer, "load_tokenizer", lambda *a, **k: _FakeTokenizer())
+    built: list[int] = []
+
+    class CountingLlama(llama.Llama):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            built.append(1)
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(llama, "Llama", CountingLlama)
+    app = typer.Typer()
+    register(app)
+    app.callback()(lambda: None)
+    return app, built
+
+
+def test_cli_generate_past_the_context_is_one_line_before_the_model_is_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    app, built = _fake_model_cli(monkeypatch, max_positions=64)
+    args = ["generate", "--system", "s", "--prompt", "p", "--backend", CPU, "--block-size", "4"]
+    result = CliRunner().invoke(app, [*args, "--max-tokens", "25"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == ["pagedprefix generate: error: prompt 1 has 40 tokens and up to 25 are generated: 65 "
+                     "positions, but the model's context is 64 (lower max_tokens, --max-tokens, to at most "
+                     "24 or shorten the prompt)"], result.output
+    assert built == []  # refused before the model was built, before any KV cache or forward pass
+    result = CliRunner().invoke(app, [*args, "--max-tokens", "24"])
+    assert result.exit_code == 0, result.output
+    assert built == [1]
+
+
 # -- the real model --------------------------------------------------------------------------------
 
 
@@ -407,6 +505,29 @@ def test_cli_generate_check(smollm: tuple[Llama, ChatTokenizer]) -> None:
     assert "copy-on-write: 2 block copies" in result.output
     assert "check (sharing off, same batches): OK" in result.output
     assert "check (each sample alone): OK" in result.output
+
+
+def test_cli_generate_past_the_real_context(smollm: tuple[Llama, ChatTokenizer]) -> None:
+    """SmolLM2's context (8,192 positions, from the GGUF metadata): a prompt plus --max-tokens 8192
+    does not fit, refused in one line before the model is built."""
+    import typer
+    from pagedprefix.model.cli import register
+    from typer.testing import CliRunner
+
+    model, tokenizer = smollm
+    assert model.config.max_positions == 8192
+    length = len(tokenizer.chat_prompt(SYSTEM, QUESTIONS[0]))
+    app = typer.Typer()
+    register(app)
+    app.callback()(lambda: None)
+    args = ["generate", "--system", SYSTEM, "--prompt", QUESTIONS[0], "--backend", CPU]
+    result = CliRunner().invoke(app, [*args, "--max-tokens", "8192"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"pagedprefix generate: error: prompt 1 has {length} tokens and up to 8192 are generated: "
+        f"{length + 8192} positions, but the model's context is 8192 (lower max_tokens, --max-tokens, to "
+        f"at most {8192 - length} or shorten the prompt)"
+    ]
 
 
 @pytest.mark.kernels
