@@ -251,7 +251,8 @@ def main(argv: list[str]) -> int:
     if status is None:
         return 0
     if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(me, -status)
         return 128 - status
     return status

@@ -10,7 +10,9 @@ Exit paths of the harness (``pagedprefix ...``) and what ends its processes on e
   :func:`kill_descendants` kills whatever is still below the harness. The harness is a child
   subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so a grandchild that left its session
   (``setsid``) or double-forked is reparented to the harness and is found there.
-- **SIGKILL of the harness** (no handler runs): every JSON-lines server runs below a *keeper*
+- **SIGKILL of the harness** (no handler runs): a child the harness forks from its main thread
+  (the supervised run, :mod:`pagedprefix.conformance.supervise`) has ``PR_SET_PDEATHSIG(SIGKILL)``
+  and dies with it. Every JSON-lines server runs below a *keeper*
   (:mod:`pagedprefix.conformance._keeper`, started by :func:`start_kept`), a tiny process that is
   itself a subreaper, holds one end of a socket pair whose other end only the harness holds, and
   kills the server's whole tree (reparented daemons included) the moment that socket reads
