@@ -34,6 +34,10 @@ from typing import Any
 from .history_fetch import FetchError, cached, fetch, version_key
 
 HISTORY_PATH = Path("docs/HISTORY.md")
+HISTORY_EXAMPLES = 60
+"""Stateful examples per release (the default conform runs 600; 60, the size of the engine tests'
+suite run, keeps 56 releases to about an hour on two cores and the CI subset to minutes). The
+shipped vectors all run."""
 RELEASE_TIMEOUT_S = 1800.0
 """Longest one release's worker may run (the default suite takes a few minutes on a shared core)."""
 
@@ -60,7 +64,7 @@ class ReleaseResult:
 # ----- the worker (one release, in its own process) ------------------------------------------------
 
 
-def run_release(root: Path, seed: int = 0) -> dict[str, Any]:
+def run_release(root: Path, seed: int = 0, examples: int = HISTORY_EXAMPLES) -> dict[str, Any]:
     """Load the release at ``root`` into this process and run the default suite on it."""
     from .engines.vllm_release import load, release_factory
     from .matrix import strongest_profile
@@ -70,7 +74,9 @@ def run_release(root: Path, seed: int = 0) -> dict[str, Any]:
     release, info = load(root)
     caps = release_capabilities_json(info)
     profile = strongest_profile(factory.capabilities)  # type: ignore[attr-defined]
-    report = run_suite(factory, SuiteOptions(profile=profile, seed=seed), "vllm", extra_groups=[])
+    report = run_suite(
+        factory, SuiteOptions(profile=profile, seed=seed, max_examples=examples), "vllm", extra_groups=[]
+    )
     verdict = "PASS" if report.exit_code == 0 else ("INCOMPLETE" if report.exit_code == 3 else "FAIL")
     failing = [r.to_json() for r in report.rows if r.status == "fail"]
     return {
@@ -100,9 +106,9 @@ def release_capabilities_json(info: Any) -> dict[str, Any]:
 
 
 def _worker_main(argv: Sequence[str]) -> int:
-    root, seed, out = Path(argv[0]), int(argv[1]), Path(argv[2])
+    root, seed, examples, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
     try:
-        result = run_release(root, seed)
+        result = run_release(root, seed, examples)
     except Exception as exc:  # the release could not be driven: say why, never a verdict
         result = {"verdict": "not driven", "reason": f"{type(exc).__name__}: {exc}"[:400]}
     out.write_text(json.dumps(result), encoding="utf-8")
@@ -113,7 +119,13 @@ def _worker_main(argv: Sequence[str]) -> int:
 
 
 def drive(
-    version: str, cache_dir: Path, *, seed: int = 0, offline: bool = False, timeout_s: float = RELEASE_TIMEOUT_S
+    version: str,
+    cache_dir: Path,
+    *,
+    seed: int = 0,
+    examples: int = HISTORY_EXAMPLES,
+    offline: bool = False,
+    timeout_s: float = RELEASE_TIMEOUT_S,
 ) -> ReleaseResult:
     """Fetch (or read from the cache) and judge one release in a worker process."""
     start = time.perf_counter()
@@ -124,7 +136,16 @@ def drive(
     if got is None:
         return ReleaseResult(version, "not driven", reason=f"not in the cache {cache_dir} (--offline)")
     out = cache_dir / version / f".result-{os.getpid()}.json"
-    cmd = [sys.executable, "-m", "pagedprefix.conformance.history", "--worker", str(got.root), str(seed), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pagedprefix.conformance.history",
+        "--worker",
+        str(got.root),
+        str(seed),
+        str(examples),
+        str(out),
+    ]
     env = dict(os.environ, PYTHONHASHSEED="0", VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
@@ -136,7 +157,10 @@ def drive(
         out.unlink(missing_ok=True)
     if data is None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1] if proc is not None else ""
-        data = {"verdict": "not driven", "reason": f"the worker died (exit {proc and proc.returncode}): {tail[:300]}"}
+        data = {
+            "verdict": "not driven",
+            "reason": f"the worker died (exit {proc and proc.returncode}): {tail[:300]}",
+        }
     result = ReleaseResult(
         version,
         data["verdict"],
@@ -158,12 +182,15 @@ def run_history(
     seed: int = 0,
     jobs: int = 2,
     offline: bool = False,
+    examples: int = HISTORY_EXAMPLES,
     progress: Callable[[ReleaseResult], None] | None = None,
 ) -> list[ReleaseResult]:
     """Judge ``versions`` with at most ``jobs`` worker processes at once, oldest first in the result."""
     results: list[ReleaseResult] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(drive, v, cache_dir, seed=seed, offline=offline) for v in versions]
+        futures = [
+            pool.submit(drive, v, cache_dir, seed=seed, examples=examples, offline=offline) for v in versions
+        ]
         for f in futures:
             r = f.result()
             results.append(r)
@@ -175,15 +202,25 @@ def run_history(
 # ----- the documents ---------------------------------------------------------------------------------
 
 
-def explanation(result: ReleaseResult) -> str:
-    """The row's explanation: the notes of its failing properties, or why it was not driven."""
+def annotate(results: Sequence[ReleaseResult], cache_dir: Path) -> None:
+    """Give each failing row its explanation and references from the current notes, with lines
+    looked up in the release's tree in ``cache_dir`` (:func:`pagedprefix.conformance.history_notes
+    .explain`)."""
     from .history_notes import explain
 
+    for r in results:
+        root = cache_dir / r.version
+        for f in r.failing:
+            f["explanation"], f["references"] = explain(r.version, f["name"], root if root.is_dir() else None)
+
+
+def explanation(result: ReleaseResult) -> str:
+    """The row's explanation: the notes of its failing properties, or why it was not driven."""
     if result.verdict == "not driven":
         return f"not driven: {result.reason}"
     if result.verdict == "PASS":
         return "-"
-    notes = [explain(result.version, r["name"])[0] for r in result.failing]
+    notes = [r.get("explanation", "*unexplained*") for r in result.failing]
     if result.verdict == "INCOMPLETE" and result.reason:
         notes.append(result.reason)
     return " ".join(dict.fromkeys(notes)) or "-"
@@ -199,8 +236,6 @@ def render_row(r: ReleaseResult) -> str:
 
 
 def render_section(r: ReleaseResult) -> list[str]:
-    from .history_notes import explain
-
     lines = ["", f"### {r.version}", ""]
     if r.verdict == "not driven":
         lines.append(f"Not driven: {r.reason}")
@@ -210,8 +245,14 @@ def render_section(r: ReleaseResult) -> list[str]:
     if r.sha256:
         lines.append(f"Wheel `{r.wheel}`, sha256 `{r.sha256}`.")
     for f in r.failing:
-        note, _ = explain(r.version, f["name"])
-        lines += ["", f"- FAIL `{f['name']}`: {_one_line(f['detail'])}", "", f"  {note}"]
+        note = f.get("explanation", "*unexplained*")
+        refs = " ".join(f"<{u}>" for u in f.get("references", []))
+        lines += [
+            "",
+            f"- FAIL `{f['name']}`: {_one_line(f['detail'])}",
+            "",
+            f"  {note}" + (f" {refs}" if refs else ""),
+        ]
         if f.get("counterexample"):
             lines += ["", "  ```text", *("  " + x for x in f["counterexample"].splitlines()), "  ```"]
     return lines
@@ -244,16 +285,12 @@ def render_markdown(results: Sequence[ReleaseResult]) -> str:
 
 
 def to_json(results: Sequence[ReleaseResult]) -> list[dict[str, Any]]:
-    """The same content as the Markdown, with each failing row's explanation and the timings."""
-    from .history_notes import explain
-
+    """The same content as the Markdown (each failing row with its explanation), plus timings."""
     out = []
     for r in results:
         d = asdict(r)
         d["seconds"] = round(r.seconds, 1)
         d["explanation"] = explanation(r)
-        for f in d["failing"]:
-            f["explanation"], f["references"] = explain(r.version, f["name"])
         out.append(d)
     return out
 
@@ -286,7 +323,9 @@ def check(results: Sequence[ReleaseResult], committed: str) -> list[str]:
             problems.append(f"{r.version}: not in the committed history")
             continue
         if old[r.version][0] != new[r.version][0]:
-            problems.append(f"{r.version}: row\n  committed:   {old[r.version][0]}\n  regenerated: {new[r.version][0]}")
+            problems.append(
+                f"{r.version}: row\n  committed:   {old[r.version][0]}\n  regenerated: {new[r.version][0]}"
+            )
         elif old[r.version][1] != new[r.version][1]:
             problems.append(f"{r.version}: section differs (minimal sequence or capabilities)")
     return problems

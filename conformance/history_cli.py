@@ -11,7 +11,17 @@ from typing import Annotated, Optional
 import typer
 
 from .cli import UserError, check_output_path
-from .history import CI_RELEASES, HISTORY_PATH, ReleaseResult, check, render_markdown, run_history, to_json
+from .history import (
+    CI_RELEASES,
+    HISTORY_EXAMPLES,
+    HISTORY_PATH,
+    ReleaseResult,
+    annotate,
+    check,
+    render_markdown,
+    run_history,
+    to_json,
+)
 from .history_fetch import FINAL, FetchError, default_cache_dir, released_versions, version_key
 
 
@@ -24,16 +34,27 @@ def history(
     engine: Annotated[str, typer.Argument(help="the engine whose releases to judge (only vllm)")],
     release: Annotated[
         Optional[list[str]],  # noqa: UP045
-        typer.Option("--release", help="judge this release (repeatable; default: every release from 0.6.5 on)"),
+        typer.Option(
+            "--release", help="judge this release (repeatable; default: every release from 0.6.5 on)"
+        ),
     ] = None,
     ci: Annotated[bool, typer.Option("--ci", help=f"the fixed CI subset: {', '.join(CI_RELEASES)}")] = False,
     cache_dir: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option("--cache-dir", help="where extracted wheels are kept (default ~/.cache/pagedprefix/vllm)"),
+        typer.Option(
+            "--cache-dir", help="where extracted wheels are kept (default ~/.cache/pagedprefix/vllm)"
+        ),
     ] = None,
-    offline: Annotated[bool, typer.Option("--offline", help="use only releases already in the cache")] = False,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="use only releases already in the cache")
+    ] = False,
     jobs: Annotated[int, typer.Option("--jobs", help="worker processes at once (one release each)")] = 2,
-    out: Annotated[Path, typer.Option("--out", help="the Markdown history to write (or --check)")] = HISTORY_PATH,
+    examples: Annotated[
+        int, typer.Option("--examples", help="stateful examples per release (docs/HISTORY.md: the default)")
+    ] = HISTORY_EXAMPLES,
+    out: Annotated[
+        Path, typer.Option("--out", help="the Markdown history to write (or --check)")
+    ] = HISTORY_PATH,
     json_path: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option("--json", help="also write the results as JSON (default: --out with .json)"),
@@ -54,6 +75,8 @@ def history(
                 raise UserError(f"--release {v!r} is not a release number like 0.10.1 or 0.6.6.post1")
             if version_key(v) < version_key("0.6.5"):
                 raise UserError(f"--release {v}: vLLM's V1 cache starts at 0.6.5")
+        if not 1 <= examples <= 100_000:
+            raise UserError(f"--examples must be in [1, 100000], got {examples}")
         if release and ci:
             raise UserError("--release and --ci exclude each other")
         if check_ and not out.is_file():
@@ -81,7 +104,8 @@ def history(
             raise _fail(f"{exc} (give --release, or --offline with a filled --cache-dir)") from None
     if check_ and not release and not ci:
         pass  # the whole history: every release is compared
-    results = _run_with_progress(versions, cache, jobs, offline)
+    results = _run_with_progress(versions, cache, jobs, offline, examples)
+    annotate(results, cache)
     if json_out is not None:
         json_out.write_text(json.dumps(to_json(results), indent=1) + "\n", encoding="utf-8")
     if check_:
@@ -96,6 +120,8 @@ def history(
     if len(results) != len(versions) or (release or ci):
         # A partial run updates only its releases' rows in an existing history.
         results = _merge(out, results)
+        annotate(results, cache)
+        out.with_suffix(".json").write_text(json.dumps(to_json(results), indent=1) + "\n", encoding="utf-8")
     out.write_text(render_markdown(results), encoding="utf-8")
     print(f"wrote {out} ({len(results)} releases)")
 
@@ -107,23 +133,30 @@ def _merge(out: Path, results: list[ReleaseResult]) -> list[ReleaseResult]:
     from dataclasses import fields
 
     names = {f.name for f in fields(ReleaseResult)}
-    old = {d["version"]: ReleaseResult(**{k: v for k, v in d.items() if k in names})
-           for d in json.loads(json_old.read_text(encoding="utf-8"))}
+    old = {
+        d["version"]: ReleaseResult(**{k: v for k, v in d.items() if k in names})
+        for d in json.loads(json_old.read_text(encoding="utf-8"))
+    }
     old.update({r.version: r for r in results})
-    merged = sorted(old.values(), key=lambda r: version_key(r.version))
-    json_old.write_text(json.dumps(to_json(merged), indent=1) + "\n", encoding="utf-8")
-    return merged
+    return sorted(old.values(), key=lambda r: version_key(r.version))
 
 
-def _run_with_progress(versions: list[str], cache: Path, jobs: int, offline: bool) -> list[ReleaseResult]:
+def _run_with_progress(
+    versions: list[str], cache: Path, jobs: int, offline: bool, examples: int
+) -> list[ReleaseResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("history vllm"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}"))
+    columns = (
+        TextColumn("history vllm"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
     with Progress(*columns, transient=False, console=None) as bar:
         task = bar.add_task("", total=len(versions))
 
         def done(r: ReleaseResult) -> None:
             bar.update(task, advance=1, description=f"{r.version}: {r.verdict}")
 
-        return run_history(versions, cache, jobs=jobs, offline=offline, progress=done)
+        return run_history(versions, cache, jobs=jobs, offline=offline, examples=examples, progress=done)

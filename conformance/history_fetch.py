@@ -97,8 +97,17 @@ def fetch(cache_dir: Path, version: str, *, timeout_s: float = PIP_TIMEOUT_S) ->
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=f".dl-{version}-") as tmp:
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "-q", "-d", tmp, f"vllm=={version}",
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            tmp,
+            f"vllm=={version}",
         ]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)

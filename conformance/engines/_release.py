@@ -38,6 +38,7 @@ from typing import Any
 from ..protocol import EngineUnavailable
 from ._harness import _error, _partial, placeholder
 
+
 @dataclass
 class Release:
     """What :func:`load_release` loaded: the release's version, its root, the target modules and
@@ -58,7 +59,9 @@ class _LazyPartial(types.ModuleType):
     def __init__(self, name: str, spec: importlib.machinery.ModuleSpec | None, failed: str) -> None:
         super().__init__(name, f"pagedprefix lazy partial ({failed})")
         self.__spec__ = spec
-        self.__package__ = name if spec is not None and spec.submodule_search_locations else name.rpartition(".")[0]
+        self.__package__ = (
+            name if spec is not None and spec.submodule_search_locations else name.rpartition(".")[0]
+        )
         if spec is not None:
             self.__file__ = spec.origin
             if spec.submodule_search_locations is not None:
@@ -93,7 +96,6 @@ class _LazyPartial(types.ModuleType):
             self.__harness_made__[name] = "placeholder (no source)"
         setattr(self, name, value)
         return value
-
 
     def _imported(self, name: str) -> tuple[str, str | None] | None:
         """Where the module's own top-level import statements bind ``name`` from:
@@ -243,7 +245,9 @@ def load_release(root: Path, targets: Iterable[str]) -> Release:
     root = root.resolve()
     if _ACTIVE is not None:
         if _ACTIVE.root != root:
-            raise EngineUnavailable(f"this process already loaded vLLM from {_ACTIVE.root}: one release a process")
+            raise EngineUnavailable(
+                f"this process already loaded vLLM from {_ACTIVE.root}: one release a process"
+            )
         for t in targets:
             if t not in _ACTIVE.modules:
                 _ACTIVE.modules[t] = importlib.import_module(t)

@@ -199,7 +199,9 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         cache_salt="cache_salt" in request_params and "cache_salt" in _source(utils),
         reset=hasattr(manager_cls, "reset_prefix_cache"),
         new_step=hasattr(manager_cls, "new_step_starts"),
-        free_order="unhashed_to_head" if re.search(r"prepend|appendleft", _free_path_source(mods)) else "append_all",
+        free_order="unhashed_to_head"
+        if re.search(r"prepend|appendleft", _free_path_source(mods))
+        else "append_all",
         scheduler_pops_full_hit="computed_blocks.pop()" in sched_src,
     )
 
@@ -278,7 +280,9 @@ class ReleaseAdapter(AdapterBase):
             raise UnsupportedConfig("hybrid groups are not declared in the history rows")
         algo = info.hash_names.get(config.hash_algo)
         if algo is None:
-            raise UnsupportedConfig(f"vLLM {info.version} has no counterpart of hash_algo={config.hash_algo!r}")
+            raise UnsupportedConfig(
+                f"vLLM {info.version} has no counterpart of hash_algo={config.hash_algo!r}"
+            )
         if config.verify_tokens:
             raise UnsupportedConfig("vLLM has no verify_tokens")
         self.capabilities = release_capabilities(info)
@@ -341,7 +345,9 @@ class ReleaseAdapter(AdapterBase):
             if name in known:
                 kwargs[name] = known[name]
             elif p.default is inspect.Parameter.empty:
-                raise EngineUnavailable(f"vllm {self.info.version}: KVCacheManager needs {name!r}, unknown here")
+                raise EngineUnavailable(
+                    f"vllm {self.info.version}: KVCacheManager needs {name!r}, unknown here"
+                )
         return manager_cls(**kwargs)
 
     def _kv_cache_config(self, num_blocks: int) -> Any:
@@ -351,13 +357,20 @@ class ReleaseAdapter(AdapterBase):
         if iface is None:
             raise EngineUnavailable(f"vllm {self.info.version}: no vllm.v1.kv_cache_interface")
         spec_values = {
-            "block_size": self.block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32,
-            "use_mla": False, "sliding_window": None,
+            "block_size": self.block_size,
+            "num_kv_heads": 1,
+            "head_size": 1,
+            "dtype": torch.float32,
+            "use_mla": False,
+            "sliding_window": None,
         }
         spec = _construct(iface.FullAttentionSpec, spec_values, self.info.version)
         group = iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)
         cfg_values: dict[str, Any] = {
-            "num_blocks": num_blocks, "kv_cache_tensors": [], "tensors": {}, "kv_cache_groups": [group],
+            "num_blocks": num_blocks,
+            "kv_cache_tensors": [],
+            "tensors": {},
+            "kv_cache_groups": [group],
         }
         return _construct(iface.KVCacheConfig, cfg_values, self.info.version)
 
@@ -393,8 +406,10 @@ class ReleaseAdapter(AdapterBase):
             "priority": 0,
         }
         if "inputs" in params:
-            values["inputs"] = __import__("importlib").import_module("vllm.inputs").token_inputs(
-                prompt_token_ids=list(tokens)
+            values["inputs"] = (
+                __import__("importlib")
+                .import_module("vllm.inputs")
+                .token_inputs(prompt_token_ids=list(tokens))
             )
         kwargs: dict[str, Any] = {}
         for name, p in params.items():
@@ -443,8 +458,12 @@ class ReleaseAdapter(AdapterBase):
         total = -(-request.num_tokens // self.block_size)
         free = self.num_free_blocks()
         return OutOfBlocks(
-            total - held, free, self.num_blocks, total,
-            message=f"vLLM {self.info.version}'s allocate_slots refused: {total - held} more blocks, {free} free",
+            total - held,
+            free,
+            self.num_blocks,
+            total,
+            message=f"vLLM {self.info.version}'s allocate_slots refused: "
+            f"{total - held} more blocks, {free} free",
         )
 
     def _computed(self, request: Any) -> tuple[Any, int]:
@@ -582,7 +601,8 @@ def _construct(cls: Any, values: dict[str, Any], version: str) -> Any:
     if is_dataclass(cls):
         names = {f.name: f for f in fields(cls) if f.init}
         required = {
-            n for n, f in names.items()
+            n
+            for n, f in names.items()
             if f.default is __import__("dataclasses").MISSING
             and f.default_factory is __import__("dataclasses").MISSING
         }
