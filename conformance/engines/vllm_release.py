@@ -132,8 +132,8 @@ class ReleaseInfo:
         cache_salt: ``Request`` takes ``cache_salt`` and the key function uses it.
         reset: the manager has ``reset_prefix_cache``.
         new_step: the manager has ``new_step_starts``.
-        free_order: ``unhashed_to_head`` when the free path prepends unhashed blocks, else
-            ``append_all``.
+        free_order: ``unhashed_to_head`` when the free path prepends the blocks without a hash,
+            else ``append_all`` (:func:`_free_order`).
         scheduler_pops_full_hit: the release's scheduler drops the last block of a full hit.
     """
 
@@ -155,6 +155,16 @@ def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
     if pool is not None and hasattr(pool, "BlockPool"):
         return _source(pool.BlockPool.free_blocks)
     return _source(mods["vllm.v1.core.kv_cache_manager"].KVCacheManager.free)
+
+
+def _free_order(source: str) -> str:
+    """``unhashed_to_head`` when the free path itself sends blocks without a hash to the head of
+    the queue (it tests ``block_hash is None`` and prepends), else ``append_all``. A ``prepend``
+    *parameter* alone (0.23.0: ``free_blocks(..., prepend=False)``, for callers that ask) is not
+    that policy."""
+    separates = re.search(r"block_hash is None", source) is not None
+    prepends = re.search(r"\.(prepend_n|appendleft|prepend)\(", source) is not None
+    return "unhashed_to_head" if separates and prepends else "append_all"
 
 
 def inspect_release(release: _release.Release) -> ReleaseInfo:
@@ -199,9 +209,7 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         cache_salt="cache_salt" in request_params and "cache_salt" in _source(utils),
         reset=hasattr(manager_cls, "reset_prefix_cache"),
         new_step=hasattr(manager_cls, "new_step_starts"),
-        free_order="unhashed_to_head"
-        if re.search(r"prepend|appendleft", _free_path_source(mods))
-        else "append_all",
+        free_order=_free_order(_free_path_source(mods)),
         scheduler_pops_full_hit="computed_blocks.pop()" in sched_src,
     )
 
