@@ -102,13 +102,11 @@ def history(
             versions = released_versions()
         except FetchError as exc:
             raise _fail(f"{exc} (give --release, or --offline with a filled --cache-dir)") from None
-    if check_ and not release and not ci:
-        pass  # the whole history: every release is compared
     results = _run_with_progress(versions, cache, jobs, offline, examples)
-    annotate(results, cache)
-    if json_out is not None:
-        json_out.write_text(json.dumps(to_json(results), indent=1) + "\n", encoding="utf-8")
     if check_:
+        annotate(results, cache)
+        if json_out is not None:
+            json_out.write_text(json.dumps(to_json(results), indent=1) + "\n", encoding="utf-8")
         problems = check(results, out.read_text(encoding="utf-8"))
         if problems:
             print(f"{out} differs from a regeneration of {len(results)} releases:", file=sys.stderr)
@@ -117,17 +115,18 @@ def history(
             raise typer.Exit(1)
         print(f"{out}: {len(results)} releases identical to a regeneration")
         raise typer.Exit(0)
-    if len(results) != len(versions) or (release or ci):
-        # A partial run updates only its releases' rows in an existing history.
-        results = _merge(out, results)
-        annotate(results, cache)
-        out.with_suffix(".json").write_text(json.dumps(to_json(results), indent=1) + "\n", encoding="utf-8")
+    if release or ci:
+        # A partial run updates only its releases in an existing history (read from its JSON).
+        results = _merge(out.with_suffix(".json") if json_path is None else json_path, results)
+    annotate(results, cache)
+    if json_out is not None:
+        json_out.write_text(json.dumps(to_json(results), indent=1) + "\n", encoding="utf-8")
     out.write_text(render_markdown(results), encoding="utf-8")
     print(f"wrote {out} ({len(results)} releases)")
 
 
-def _merge(out: Path, results: list[ReleaseResult]) -> list[ReleaseResult]:
-    json_old = out.with_suffix(".json")
+def _merge(json_old: Path, results: list[ReleaseResult]) -> list[ReleaseResult]:
+    """``results`` over the releases of an earlier run's JSON (the same release: the new result)."""
     if not json_old.is_file():
         return results
     from dataclasses import fields

@@ -211,3 +211,29 @@ def test_committed_history_covers_every_release() -> None:
     for version, (row, _) in parsed.items():
         assert row, version
         assert "*unexplained*" not in row, row
+
+
+def test_free_order_is_read_from_the_free_path() -> None:
+    from pagedprefix.conformance.engines.vllm_release import _free_order
+
+    separating = (
+        "for block in ordered_blocks:\n    if block.block_hash is None:\n        without.append(block)\n"
+        "self.free_block_queue.prepend_n(without)\nself.free_block_queue.append_n(with_hash)\n"
+    )
+    assert _free_order(separating) == "unhashed_to_head"
+    # 0.23.0: free_blocks takes a prepend parameter that its full-attention path never sets.
+    parameter_only = "if prepend:\n    self.free_block_queue.prepend_n(freed)\nelse:\n    q.append_n(freed)\n"
+    assert _free_order(parameter_only) == "append_all"
+    assert _free_order("self.free_block_queue.append(block)\n") == "append_all"
+
+
+def test_a_partial_run_keeps_the_other_releases(tmp_path: Path) -> None:
+    from pagedprefix.conformance.history_cli import _merge
+
+    old = tmp_path / "HISTORY.json"
+    old.write_text(json.dumps(history.to_json(_results())), encoding="utf-8")
+    merged = _merge(old, [ReleaseResult("0.7.0", "FAIL", "exact", [], {}), ReleaseResult("0.8.0", "PASS")])
+    assert [(r.version, r.verdict) for r in merged] == [
+        ("0.6.5", "FAIL"), ("0.7.0", "FAIL"), ("0.7.1", "not driven"), ("0.8.0", "PASS"),
+    ]
+    assert merged[0].failing[0]["counterexample"] == "1. allocate(1, [1, 2])"

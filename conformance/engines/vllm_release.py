@@ -151,9 +151,17 @@ class ReleaseInfo:
 
 
 def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
+    """The source of the path ``KVCacheManager.free`` takes for one full-attention group: the
+    full-attention manager's ``free`` (where the release has single-type managers) and
+    ``BlockPool.free_blocks``, else (before 0.8.0) ``KVCacheManager.free`` itself."""
+    import sys
+
     pool = mods.get("vllm.v1.core.block_pool")
     if pool is not None and hasattr(pool, "BlockPool"):
-        return _source(pool.BlockPool.free_blocks)
+        single = sys.modules.get("vllm.v1.core.single_type_kv_cache_manager")
+        full = getattr(single, "FullAttentionManager", None) if single is not None else None
+        own = _source(full.free) if full is not None and hasattr(full, "free") else ""
+        return own + _source(pool.BlockPool.free_blocks)
     return _source(mods["vllm.v1.core.kv_cache_manager"].KVCacheManager.free)
 
 
