@@ -48,12 +48,15 @@ def where(root: Path | None, file: str, pattern: str) -> str:
 _LORA_BY_NAME = (
     "A published bug of the release: it keys a LoRA block by the adapter's name alone "
     "(`_gen_lora_extra_hash_keys`, {where}: `[request.lora_request.lora_name]`), so two different "
-    'adapters loaded under one name (the spec\'s `LoRA("a", 1)` and `LoRA("a", 2)`, two '
-    "`lora_path`s and two `lora_int_id`s) share KV blocks: a request of one adapter hits blocks "
-    "computed with the other's weights. Introduced by vllm-project/vllm#27211 (0.11.1: name instead "
-    "of `lora_int_id`, for hashes stable across instances), reported as vllm-project/vllm#30931 "
-    '("Prefix Cache Corruption with LoRA with the same name but different id", on 0.11.1). '
-    "0.31.0 keys by name and `lora_path`, and passes."
+    'adapters loaded under one name (the spec\'s `LoRA("a", 1)` and `LoRA("a", 2)`: two '
+    "`lora_path`s, two `lora_int_id`s) share KV blocks, and a request of one adapter hits blocks "
+    "computed with the other's weights. Introduced by vllm-project/vllm#27211 (0.11.1: the name "
+    "instead of `lora_int_id`, for hashes stable across instances); reported as "
+    'vllm-project/vllm#30931 ("Prefix Cache Corruption with LoRA with the same name but different '
+    'id", on 0.11.1) and, for a same-name reload, vllm-project/vllm#42125. 0.31.0 keys '
+    '`("lora", name, path)` ("so that re-pointing a LoRA name at a different adapter does not '
+    'reuse KV computed with the previous one") and passes; the pull request that made that change '
+    "was not found in the public record searched."
 )
 
 _TOUCH_BEFORE_CHECK = (
