@@ -103,7 +103,7 @@ class _LazyPartial(types.ModuleType):
         spec = self.__spec__
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             return None
-        table = self.__dict__.get("__harness_imports__")
+        table: dict[str, tuple[str, str | None]] | None = self.__dict__.get("__harness_imports__")
         if table is None:
             table = {}
             with open(spec.origin, encoding="utf-8") as f:
