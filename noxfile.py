@@ -9,7 +9,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = [
-    "lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench", "engines", "cluster",
+    "lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench", "engines", "cluster", "history",
 ]
 
 # The CPU build of torch lies on local disk here; pinning it keeps CI from pulling a CUDA build.
@@ -186,3 +186,22 @@ def engines(session: nox.Session) -> None:
         session.run("pagedprefix", "matrix")
     else:
         session.run("pagedprefix", "matrix", "--check")
+
+
+@nox.session
+def history(session: nox.Session) -> None:
+    """vLLM's release history on a fixed subset, one release per era (``pagedprefix.conformance.history
+    .CI_RELEASES``): each wheel downloaded from PyPI (about 300 MB each; only its pure-Python files
+    are kept, in ``~/.cache/pagedprefix/vllm``), judged in a process of its own, and compared with
+    docs/HISTORY.md (``--check``). ``nox -s history -- --all`` checks every release (README: "Real
+    engines"); ``-- --update`` rewrites docs/HISTORY.md from every release."""
+    install_package(session, "kernels")
+    session.install("--no-deps", *ENGINE_DEPS)
+    session.install(*DEV)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_history.py")
+    if "--update" in session.posargs:
+        session.run("pagedprefix", "history", "vllm")
+    elif "--all" in session.posargs:
+        session.run("pagedprefix", "history", "vllm", "--check")
+    else:
+        session.run("pagedprefix", "history", "vllm", "--ci", "--check")

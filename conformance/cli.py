@@ -428,3 +428,6 @@ def register(app: typer.Typer, trace_group: Callable[[], tuple[str, CheckGroup]]
         _TRACE_GROUP_PROVIDERS.append(trace_group)
     app.command("conform")(conform)
     app.command("matrix")(matrix)
+    from .history_cli import history
+
+    app.command("history")(history)
