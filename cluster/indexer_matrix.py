@@ -57,7 +57,10 @@ _SET_NOT_COUNT = (
 _NO_SEQUENCE = (
     "The tree carries `event_id` but never checks it (probe: a gap, a number going back and a "
     "re-delivered batch are all applied), so it has no notion of a source out of sync and answers "
-    "from what reached it."
+    "from what reached it. Dynamo validates consecutive event ids and recovers (a replay from the "
+    "worker's local indexer, or its full tree dump) in its router's recovery path, outside the tree "
+    "(Dynamo docs, 'KV Event Replay: Dynamo vs vLLM'; dynamo-llm `kv_router/indexer/recovery`): that "
+    "needs the runtime's transport and workers, and is not judged here."
 )
 _NO_GROUPS = (
     "Not expressible: Dynamo's event has no KV-cache group and the tree one block size; a hybrid model's "
