@@ -109,8 +109,8 @@ def time_dynamo_tree(stream: Stream) -> tuple[float, float, list[Any]]:
     for source, batch in stream.batches:
         worker = prep._worker(source)
         for e in batch.events:
-            body = {"event_id": batch.seq, "data": prep._event_json(e)}
-            encoded.append((worker, json.dumps(body).encode()))
+            event = {"event_id": batch.seq, "data": prep._event_json(e)}
+            encoded.append((worker, json.dumps(event).encode()))
     sequences = []
     for q in stream.queries:
         local = []
@@ -118,7 +118,7 @@ def time_dynamo_tree(stream: Stream) -> tuple[float, float, list[Any]]:
             if key not in prep.local:
                 break
             local.append(prep.local[key])
-        sequences.append(local[: (q.num_tokens - 1) // 16])
+        sequences.append(local[: (q.num_tokens - 1) // prep.block_size])
     tree = load_dynamo().RadixTree()
     t0 = time.perf_counter()
     for worker, body in encoded:

@@ -269,3 +269,39 @@ def test_vllm_event_stream_end_to_end_and_the_salt_dynamo_does_not_see() -> None
     publish("r0")
     assert ref.query(salted_keys, len(prompt))["r0"] == 0
     assert dyn.query(salted_keys, len(prompt))["r0"] == 16  # false credit: the salt is not in its hash
+
+
+# ----- bench_indexer -----------------------------------------------------------------------------
+
+
+def test_bench_rows_on_one_stream_and_agreement() -> None:
+    from pagedprefix.cluster.bench_indexer import bench, make_stream, markdown
+
+    stream = make_stream(seed=1, replicas=2, paths=20, batches=60, queries=30)
+    assert stream.events > 60 and stream.blocks > stream.events
+    rows = bench("reference", stream, repeat=1)
+    assert [r.name for r in rows] == ["reference", "reference"] and rows[1].agree == 1.0
+    rows = bench("broken_indexers:no_copy_count", stream, repeat=1)
+    assert rows[1].agree is not None and rows[1].agree < 1.0  # a set, not a count: answers differ
+    table = markdown(rows, stream)
+    assert table.count("\n| ") == 3 and "| 1.00x | 1.00x | 100.0% |" in table
+
+
+@needs_dynamo
+def test_bench_dynamo_has_the_tree_only_row() -> None:
+    from pagedprefix.cluster.bench_indexer import bench, make_stream
+
+    rows = bench("dynamo", make_stream(seed=1, replicas=2, paths=20, batches=60, queries=30), repeat=1)
+    assert [r.name for r in rows] == ["reference", "dynamo", "dynamo (tree calls only)"]
+    assert all(r.events_s > 0 and r.queries_s > 0 for r in rows)
+
+
+def test_bench_cli_unknown_indexer_is_one_line_exit_2() -> None:
+    from pagedprefix.cluster import bench_indexer
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command()(bench_indexer.main)
+    result = CliRunner().invoke(app, ["--indexer", "no_such_module_xyz:make", "--batches", "5",
+                                      "--queries", "2", "--repeat", "1"])
+    assert result.exit_code == 2 and "bench_indexer:" in result.output
