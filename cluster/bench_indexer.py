@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
+from pagedprefix.conformance.watchdog import EngineHung, call_limit
 from pagedprefix.spec.events import BlockRemoved, BlockStored, EventBatch
 
 from .indexer import IndexerConfig, KVIndexer, ReferenceIndexer
@@ -105,11 +106,13 @@ def time_dynamo_tree(stream: Stream) -> tuple[float, float, list[Any]]:
     from .dynamo import DynamoIndexer, load_dynamo
 
     prep = DynamoIndexer(stream.config)
+    for source, batch in stream.batches:  # learns every key's local hash, as the adapter run does
+        prep.events(source, batch)
     encoded: list[tuple[int, bytes]] = []
     for source, batch in stream.batches:
         worker = prep._worker(source)
         for e in batch.events:
-            event = {"event_id": batch.seq, "data": prep._event_json(e)}
+            event = {"event_id": batch.seq, "data": prep._event_json(e)[0]}
             encoded.append((worker, json.dumps(event).encode()))
     sequences = []
     for q in stream.queries:
@@ -136,15 +139,22 @@ def _agreement(answers: Sequence[dict[str, int | None]], ref: Sequence[dict[str,
     return sum(x == y for x, y in pairs) / len(pairs) if pairs else 1.0
 
 
-def bench(indexer: str, stream: Stream, repeat: int = 3) -> list[Row]:
-    """The rows: the reference, ``indexer``, and for ``dynamo`` the tree's calls alone."""
+def bench(indexer: str, stream: Stream, repeat: int = 3, timeout: float = 600.0) -> list[Row]:
+    """The rows: the reference, ``indexer``, and for ``dynamo`` the tree's calls alone. Each
+    indexer's runs together must end within ``timeout`` seconds (one ``SIGALRM`` limit around them,
+    on the main thread: :class:`~pagedprefix.conformance.watchdog.EngineHung` otherwise), so a hung
+    indexer ends the bench instead of hanging it."""
     ev, bl = stream.events, stream.blocks
-    ref_e, ref_q, ref_answers = _best(repeat, lambda: time_indexer(ReferenceIndexer, stream))
+    with call_limit("the reference's runs", timeout):
+        ref_e, ref_q, ref_answers = _best(repeat, lambda: time_indexer(ReferenceIndexer, stream))
     rows = [Row("reference", ev / ref_e, bl / ref_e, len(stream.queries) / ref_q, 1.0)]
-    e, q, answers = _best(repeat, lambda: time_indexer(load_indexer(indexer), stream))
+    factory = load_indexer(indexer)
+    with call_limit(f"{indexer}'s runs", timeout):
+        e, q, answers = _best(repeat, lambda: time_indexer(factory, stream))
     rows.append(Row(indexer, ev / e, bl / e, len(stream.queries) / q, _agreement(answers, ref_answers)))
     if indexer == "dynamo":
-        e, q, _ = _best(repeat, lambda: time_dynamo_tree(stream))
+        with call_limit("the tree's runs", timeout):
+            e, q, _ = _best(repeat, lambda: time_dynamo_tree(stream))
         rows.append(Row("dynamo (tree calls only)", ev / e, bl / e, len(stream.queries) / q, None))
     return rows
 
@@ -176,16 +186,20 @@ def main(
     batches: Annotated[int, typer.Option(min=1, help="batches in all")] = 4000,
     queries: Annotated[int, typer.Option(min=1, help="queries after the batches")] = 2000,
     repeat: Annotated[int, typer.Option(min=1, help="runs per indexer (the best is kept)")] = 3,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds all runs of one indexer may take")] = 600.0,
 ) -> None:
     """Events/s and queries/s of an indexer beside the reference on one stream (module docstring)."""
     from pagedprefix.conformance.protocol import EngineUnavailable
 
     stream = make_stream(seed, replicas, paths, batches, queries)
     try:
-        rows = bench(indexer, stream, repeat)
+        rows = bench(indexer, stream, repeat, timeout)
     except EngineUnavailable as exc:
         typer.echo(f"bench_indexer: {exc}", err=True)
         raise typer.Exit(2) from None
+    except EngineHung as exc:
+        typer.echo(f"bench_indexer: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(markdown(rows, stream))
 
 

@@ -62,6 +62,8 @@ from .indexer import IndexerConfig
 from .prefix import check_query
 
 PIN = "ai-dynamo-runtime==1.6.1"
+Learned = tuple[bytes, int, bytes | None]
+"""What a stored block teaches the adapter: (our key, Dynamo's local hash, the parent key)."""
 INSTALL = f"pip install --no-deps {PIN} 'pydantic<=2.13.5' uvloop"
 
 
@@ -112,7 +114,9 @@ class DynamoIndexer:
             self.workers[source] = len(self.workers)
         return self.workers[source]
 
-    def _stored_json(self, event: BlockStored) -> dict[str, Any]:
+    def _stored_json(self, event: BlockStored) -> tuple[dict[str, Any], list[Learned]]:
+        """Dynamo's ``stored`` data for ``event`` and what it teaches (key, local hash, parent key);
+        nothing is recorded here. Raises ``ValueError`` for another group or block size."""
         if event.group != 0 or event.block_size != self.block_size:
             raise ValueError(f"a BlockStored of group {event.group}, block_size {event.block_size}: "
                              f"this indexer has one group of block_size {self.block_size}")
@@ -120,25 +124,23 @@ class DynamoIndexer:
         if len(event.token_ids) != n * self.block_size:
             raise ValueError(f"BlockStored has {len(event.token_ids)} token ids for {n} blocks")
         local = [int(h) for h in self._content_hash(list(event.token_ids), self.block_size)] if n else []
-        parent = event.parent_block_hash
-        for key, h in zip(event.block_hashes, local, strict=True):
-            self.local[key] = h
-            self.parent.setdefault(key, parent)
-            parent = key
+        parents = [event.parent_block_hash, *event.block_hashes[:-1]]
+        learned = list(zip(event.block_hashes, local, parents, strict=True))
         p = event.parent_block_hash
-        return {"stored": {
+        data = {"stored": {
             "parent_hash": None if p is None else external_hash(p),
             "blocks": [{"block_hash": external_hash(k), "tokens_hash": h}
                        for k, h in zip(event.block_hashes, local, strict=True)],
         }}
+        return data, learned
 
-    def _event_json(self, event: Event) -> dict[str, Any] | str:
+    def _event_json(self, event: Event) -> tuple[dict[str, Any] | str, list[Learned]]:
         if isinstance(event, AllBlocksCleared):
-            return "cleared"
+            return "cleared", []
         if isinstance(event, BlockRemoved):
             if event.group != 0:
                 raise ValueError(f"a BlockRemoved of group {event.group}: this indexer has one group")
-            return {"removed": {"block_hashes": [external_hash(k) for k in event.block_hashes]}}
+            return {"removed": {"block_hashes": [external_hash(k) for k in event.block_hashes]}}, []
         return self._stored_json(event)
 
     def _apply(self, worker: int, event_id: int, data: dict[str, Any] | str) -> None:
@@ -152,9 +154,12 @@ class DynamoIndexer:
         """Apply ``batch`` to the tree, event by event, with ``event_id = batch.seq``; always
         ``False`` (the tree never asks for a resync). Raises ``ValueError`` for an event of another
         group or block size (before anything of the batch is applied)."""
-        datas = [self._event_json(e) for e in batch.events]
+        mapped = [self._event_json(e) for e in batch.events]  # validates the whole batch first
         worker = self._worker(source)
-        for data in datas:
+        for data, learned in mapped:
+            for key, local, parent in learned:
+                self.local[key] = local
+                self.parent.setdefault(key, parent)
             self._apply(worker, max(batch.seq, 0), data)
         return False
 

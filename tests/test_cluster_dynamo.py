@@ -305,3 +305,13 @@ def test_bench_cli_unknown_indexer_is_one_line_exit_2() -> None:
     result = CliRunner().invoke(app, ["--indexer", "no_such_module_xyz:make", "--batches", "5",
                                       "--queries", "2", "--repeat", "1"])
     assert result.exit_code == 2 and "bench_indexer:" in result.output
+
+
+@needs_dynamo
+def test_a_rejected_batch_teaches_the_adapter_nothing() -> None:
+    ix = _indexer()
+    ok = stored(AB, 0, 2)
+    bad = BlockStored((b"\x02" * 16,), None, (5,) * 15, 16, ((),))  # 15 token ids for one block
+    with pytest.raises(ValueError, match="15 token ids"):
+        ix.events("r0", EventBatch(0, (ok, bad)))
+    assert ix.local == {} and ix.parent == {} and _q(ix, AB) == {"r0": 0}
