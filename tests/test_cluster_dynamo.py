@@ -315,3 +315,40 @@ def test_a_rejected_batch_teaches_the_adapter_nothing() -> None:
     with pytest.raises(ValueError, match="15 token ids"):
         ix.events("r0", EventBatch(0, (ok, bad)))
     assert ix.local == {} and ix.parent == {} and _q(ix, AB) == {"r0": 0}
+
+
+# ----- the cluster replay with an engine that hands batches (the vLLM adapter does) ---------------
+
+
+class _BatchingEngine:
+    """impl's BlockManager whose ``take_events`` hands numbered batches, one per call, as
+    ``VllmAdapter.take_events`` does (``--engine ...vllm:vllm_with_events``)."""
+
+    def __init__(self, config: object) -> None:
+        from pagedprefix.impl import BlockManager
+
+        self._inner = BlockManager.create(config, events=True)  # type: ignore[arg-type]
+        self._seq = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def take_events(self) -> list[EventBatch]:
+        events = tuple(self._inner.take_events())
+        if not events:
+            return []
+        self._seq += 1
+        return [EventBatch(self._seq - 1, events)]
+
+
+def test_the_cluster_replay_takes_an_engine_that_hands_batches() -> None:
+    from pagedprefix.cluster.replay import ClusterOptions, run_cluster
+    from pagedprefix.replay import ReplayConfig, load_factory, load_trace
+
+    reqs = load_trace("conversation", limit=80).requests
+    config = ReplayConfig(num_blocks=None, max_running=16, step_ms=200.0, max_output=64)
+    options = ClusterOptions(2, "prefix_aware")
+    batching = run_cluster(reqs, config, options, _BatchingEngine)  # raised AttributeError before
+    plain = run_cluster(reqs, config, options, load_factory("impl"))
+    assert batching.routes == plain.routes and batching.hits == plain.hits and sum(plain.hits) > 0
+    assert batching.batches_published == plain.batches_published > 0
