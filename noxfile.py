@@ -9,7 +9,7 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = [
-    "lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench", "engines", "cluster",
+    "lint", "typecheck", "crosshair", "tests", "vectors", "kernels", "bench", "engines", "cluster", "history",
 ]
 
 # The CPU build of torch lies on local disk here; pinning it keeps CI from pulling a CUDA build.
@@ -25,6 +25,10 @@ ENGINE_DEPS = [
     "msgspec==0.23.0", "cbor2==6.3.0", "pyzmq==27.3.0", "regex==2026.11.19", "psutil==7.2.2",
     "packaging==26.4",
 ]
+# NVIDIA Dynamo's KV-router radix tree (``--indexer dynamo``, cluster/dynamo.py): the runtime wheel
+# (75 MB, Rust, abi3) without its dependencies, plus the two its ``dynamo.llm`` import needs.
+INDEXER_WHEELS = ["ai-dynamo-runtime==1.6.1"]
+INDEXER_DEPS = ["pydantic<=2.13.5", "uvloop"]
 
 
 def install_package(session: nox.Session, *extras: str) -> None:
@@ -167,12 +171,14 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def engines(session: nox.Session) -> None:
-    """vLLM 0.33.0 and SGLang 0.5.23 (pinned, CPU only) through the shipped adapters: their tests,
+    """vLLM 0.33.0 and SGLang 0.5.23 (pinned, CPU only) through the shipped adapters, and NVIDIA
+    Dynamo 1.6.1's KV indexer (``ai-dynamo-runtime``) through cluster/dynamo.py: their tests,
     then the conformance matrix — it fails when a verdict differs from docs/MATRIX.md (a
     regression gate on the suite and a record of the engines). ``nox -s engines -- --update``
     rewrites docs/MATRIX.md instead."""
     install_package(session, "kernels")
-    session.install("--no-deps", *ENGINE_WHEELS, *ENGINE_DEPS)
+    session.install("--no-deps", *ENGINE_WHEELS, *ENGINE_DEPS, *INDEXER_WHEELS)
+    session.install(*INDEXER_DEPS)
     session.install(*DEV)
     session.run(
         "pytest",
@@ -180,6 +186,7 @@ def engines(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "tests/test_engines_harness.py",
+        "tests/test_cluster_dynamo.py",
         "tests/test_engines_vllm.py",
         "tests/test_engines_sglang.py",
         "tests/test_engines_replay.py",
@@ -187,9 +194,28 @@ def engines(session: nox.Session) -> None:
     )
     # Every pip install line of README.md and conformance/engines/README.md, each fenced block in a
     # fresh venv, then what it claims to enable (marked slow: wheels from PyPI, the pip cache reused).
-    # Measured on a shared 2-core machine, warm pip cache: 8 venvs, about 13 min (torch blocks 2-3 min).
+    # Measured on a shared 2-core machine, warm pip cache: 9 venvs, about 15 min (torch blocks 2-3 min).
     session.run("pytest", "-q", "-p", "no:cacheprovider", "-s", "tests/test_install_lines.py")
     if "--update" in session.posargs:
         session.run("pagedprefix", "matrix")
     else:
         session.run("pagedprefix", "matrix", "--check")
+
+
+@nox.session
+def history(session: nox.Session) -> None:
+    """vLLM's release history on a fixed subset, one release per era (``pagedprefix.conformance.history
+    .CI_RELEASES``): each wheel downloaded from PyPI (about 300 MB each; only its pure-Python files
+    are kept, in ``~/.cache/pagedprefix/vllm``), judged in a process of its own, and compared with
+    docs/HISTORY.md (``--check``). ``nox -s history -- --all`` checks every release (README: "Real
+    engines"); ``-- --update`` rewrites docs/HISTORY.md from every release."""
+    install_package(session, "kernels")
+    session.install("--no-deps", *ENGINE_DEPS)
+    session.install(*DEV)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_history.py")
+    if "--update" in session.posargs:
+        session.run("pagedprefix", "history", "vllm")
+    elif "--all" in session.posargs:
+        session.run("pagedprefix", "history", "vllm", "--check")
+    else:
+        session.run("pagedprefix", "history", "vllm", "--ci", "--check")

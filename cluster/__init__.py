@@ -8,6 +8,9 @@ multi-replica replay with routers, and sweeps.
   across replicas, restarts, hybrid groups); :mod:`.conform`: judging an indexer against the
   reference; :mod:`.jsonl`, :mod:`.jsonl_server`: the JSON-lines protocol for indexers in any
   language.
+- :mod:`.dynamo`: NVIDIA Dynamo's KV-router radix tree as an indexer (``--indexer dynamo``);
+  :mod:`.indexer_matrix`: the indexers' section of docs/MATRIX.md; :mod:`.bench_indexer`:
+  events/s and queries/s of an indexer beside the reference.
 """
 
 from .conform import Finding, IndexerFactory, Verdict, all_passed, judge, judge_scenario

@@ -47,7 +47,17 @@ from .replay import ClusterOptions, ClusterResult, run_with_twin
 from .report import CLUSTER_FIELDS, cluster_table, write_rows_csv, write_rows_json, write_rows_plot
 from .scenarios import builtin_scenarios
 from .streams import Scenario
-from .sweep import EXECUTORS, RAY_HINT, CellError, SweepRun, check_cell, grid, ray_available, run_sweep
+from .sweep import (
+    EXECUTORS,
+    RAY_HINT,
+    CellError,
+    CellFailed,
+    SweepRun,
+    check_cell,
+    grid,
+    ray_available,
+    run_sweep,
+)
 from .transport import ZMQ_HINT, TransportError, zmq_available
 
 COMMAND = "indexer-conform"
@@ -336,7 +346,7 @@ def sweep_command(
                              None if update is None else (lambda k: update(k, len(cells))))
     except CellError as exc:
         raise fail(SWEEP, exc) from None
-    except TimeoutError as exc:
+    except (TimeoutError, CellFailed) as exc:
         raise fail(SWEEP, exc, code=1) from None
     out.print(cluster_table(done.rows, title="sweep"))
     out.print(f"{len(cells)} cells on {executor} ({n_workers} workers) in {done.wall_s:.1f} s",

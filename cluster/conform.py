@@ -47,6 +47,7 @@ from functools import partial
 from types import FrameType
 from typing import TypeVar
 
+from pagedprefix.conformance.lifetime import Terminated, received
 from pagedprefix.conformance.subprocess_adapter import EngineProcessError
 from pagedprefix.conformance.watchdog import EngineHung
 from pagedprefix.spec.events import EventBatch
@@ -187,6 +188,9 @@ def _boundary(scenario: Scenario, n: int, what: str, fn: Callable[[], T]) -> T:
     except BaseException as exc:
         if _user_interrupted[0]:
             raise KeyboardInterrupt from None  # the user's, whatever the candidate made of it
+        stop = received()
+        if stop is not None:  # the harness's SIGTERM or SIGHUP: it ends the run, not a finding
+            raise Terminated(stop) from None
         fatal = isinstance(exc, FATAL)
         raise _Stop(Finding(scenario.name, n, None, f"{what} raised {_short(exc)}", fatal)) from None
     if _user_interrupted[0]:

@@ -1,6 +1,7 @@
 """Which indexer a command judges or routes with, and how it is named on the command line.
 
-Names: ``reference`` (:class:`~pagedprefix.cluster.indexer.ReferenceIndexer`), ``module:factory``
+Names: ``reference`` (:class:`~pagedprefix.cluster.indexer.ReferenceIndexer`), ``dynamo`` (NVIDIA
+Dynamo's radix tree, :mod:`pagedprefix.cluster.dynamo`), ``module:factory``
 (a ``Callable[[IndexerConfig], KVIndexer]``; ``factory`` may be dotted), or ``jsonl:COMMAND`` (an
 indexer server speaking :mod:`pagedprefix.cluster.jsonl`, started with ``COMMAND`` split as a shell
 would). A Python indexer other than the reference runs in a worker process
@@ -26,7 +27,10 @@ from .conform import IndexerFactory
 from .indexer import IndexerConfig, KVIndexer, reference_indexer
 from .jsonl import ProcessFactory, worker_argv
 
-SHORT_NAMES: dict[str, str] = {"reference": "pagedprefix.cluster.indexer:reference_indexer"}
+SHORT_NAMES: dict[str, str] = {
+    "reference": "pagedprefix.cluster.indexer:reference_indexer",
+    "dynamo": "pagedprefix.cluster.dynamo:dynamo_indexer",  # NVIDIA Dynamo's RadixTree (cluster/dynamo.py)
+}
 
 
 def load_indexer(name: str) -> IndexerFactory:

@@ -215,7 +215,11 @@ class Replica:
     def publish(self, heartbeat: bool = False) -> EventBatch | None:
         """The batch of the events since the last one (``None``: nothing happened, unless
         ``heartbeat``: then an empty batch)."""
-        events: list[Event] = list(self.engine.take_events())
+        events: list[Event] = []
+        for item in self.engine.take_events():
+            # An engine adapter that numbers batches itself (the vLLM adapter: one per operation)
+            # hands batches; the replica publishes one per step, as vLLM's scheduler does.
+            events.extend(item.events if isinstance(item, EventBatch) else (item,))
         if not events and not heartbeat:
             return None
         batch = EventBatch(self.next_seq, tuple(events))

@@ -8,8 +8,11 @@ command itself, checked before anything runs, and runnable on its own.
 
 Executors (no scheduler of our own):
 
-- ``local`` (default): a ``multiprocessing`` pool of ``--workers`` processes (default: the CPU
-  count); each worker is in its own process group, and the pool is terminated on every exit path.
+- ``local`` (default): ``--workers`` worker processes (default: the CPU count) started with
+  ``multiprocessing``'s ``spawn``, each in its own process group and killed when the harness dies
+  (:func:`pagedprefix.conformance.lifetime.worker_setup`), all killed on every exit path. The
+  harness waits on each worker's pipe *and* its process sentinel, so a worker that dies
+  (``os._exit``, a signal, a crash in C) is seen at once and fails the cell it was running.
 - ``ray``: one Ray task per cell, on the cluster ``RAY_ADDRESS`` names, or on a local Ray cluster
   started for the sweep (real GCS, raylet and worker processes; shut down at the end). Every node
   needs pagedprefix installed (the local cluster shares this environment).
@@ -19,28 +22,36 @@ grid's size (the product of the axis lengths, computed before the grid is built;
 :data:`MAX_CELLS` cells), every cell's command line (the replay's own parser and checks, the
 options after ``--`` included), the traces; only then is Ray imported or a pool started.
 
-Each cell must finish within ``--cell-timeout`` seconds, or the sweep stops (exit 1) and its
-workers are killed (Ray tasks cancelled). Results are the cells' rows
-(:data:`pagedprefix.cluster.report.CLUSTER_FIELDS` plus ``free_order`` and ``cell``), in grid
-order whatever order they finish in, so a Ray sweep and a local one give the same rows, the wall
-times aside.
+Each cell must finish within ``--cell-timeout`` seconds (from when a worker takes it), or the sweep
+stops (exit 1) and its workers are killed (Ray tasks cancelled). A cell that raises anything
+(``SystemExit(0)`` and ``KeyboardInterrupt`` included) or kills its worker stops the sweep the same
+way, with one line naming the cell and what happened (:class:`CellFailed`): never a PASS.
+
+Results are the cells' rows (:data:`pagedprefix.cluster.report.CLUSTER_FIELDS` plus
+``free_order`` and ``cell``), in grid order whatever order they finish in, so a Ray sweep and a
+local one give the same rows, the wall times aside.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import itertools
 import math
 import multiprocessing
 import os
 import shlex
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import typer
+from pagedprefix.conformance.lifetime import watching_descendants, worker_setup
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, prepare_job, replay_command
 from pagedprefix.replay.cli_common import fail, parse_capacities
 from pagedprefix.replay.engines import EngineUnavailable, load_factory
@@ -204,57 +215,230 @@ class SweepRun:
 
 Progress = Callable[[int], None]
 
+CELL_HOOK_ENV = "PAGEDPREFIX_SWEEP_CELL_HOOK"
+"""Test hook: ``module:function``, called in the worker with a cell's command line before the cell
+runs (a test makes a cell that kills its worker, raises ``SystemExit``, ...). Unset in real use."""
+WORKER_START_TIMEOUT = 120.0
+"""Seconds a local worker may take to start (import pagedprefix) before it is given a cell."""
 
-def _own_group() -> None:
-    os.setpgrp()  # a worker's own process group: terminate() reaches it, a terminal's ^C does not
+
+class CellFailed(RuntimeError):
+    """A cell raised (anything, ``SystemExit`` and ``KeyboardInterrupt`` included) or killed its
+    worker; the message is one line naming the cell and what happened."""
+
+
+def _cell_name(argv: Sequence[str]) -> str:
+    return f"cell 'pagedprefix replay {shlex.join(argv)}'"
+
+
+def _what(exc: BaseException) -> str:
+    return " ".join(repr(exc).split())[:300]
+
+
+def _cell_hook() -> Callable[[list[str]], object] | None:
+    spec = os.environ.get(CELL_HOOK_ENV)
+    if not spec:
+        return None
+    module, _, attr = spec.partition(":")
+    hook: Callable[[list[str]], object] = getattr(importlib.import_module(module), attr)
+    return hook
+
+
+def _worker(conn: Connection, parent: int) -> None:
+    """A local worker: ``("ready",)``, then for each ``(index, argv)`` it receives one of
+    ``("rows", index, rows)``, ``("user", index, message)`` (a :class:`CellError`) or
+    ``("raised", index, what)`` (anything else; the worker then exits); ``None`` ends it."""
+    worker_setup(parent)
+    hook = _cell_hook()
+    conn.send(("ready",))
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        index, argv = task
+        try:
+            if hook is not None:
+                hook(list(argv))
+            rows = run_cell(argv)
+        except CellError as exc:
+            conn.send(("user", index, str(exc)))
+        except BaseException as exc:  # SystemExit(0) and KeyboardInterrupt are failures of the cell too
+            conn.send(("raised", index, _what(exc)))
+            return
+        else:
+            conn.send(("rows", index, rows))
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-exitcode).name}"
+        return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+@dataclass
+class _Slot:
+    """One local worker: its process, its end of the task pipe, and the cell it runs."""
+
+    proc: Any
+    conn: Connection
+    started: float
+    cell: int | None = None
+    deadline: float = 0.0
+    ready: bool = False
 
 
 def run_local(cells: list[list[str]], workers: int, cell_timeout: float,
               progress: Progress) -> list[list[Row]]:
-    """The cells on a pool of ``workers`` processes; every result within ``cell_timeout`` seconds of
-    the previous one (or of the start). Raises ``TimeoutError``; the pool is terminated on every path."""
+    """The cells on ``workers`` worker processes (``spawn``), each cell within ``cell_timeout``
+    seconds of being handed to a worker. A worker's death is seen at once (its sentinel): the
+    cell it ran fails. Raises :class:`CellFailed` (a cell raised or killed its worker),
+    :class:`CellError` (a cell is not a valid replay) or ``TimeoutError``; every worker is killed
+    on every path."""
+    ctx = multiprocessing.get_context("spawn")
     out: list[list[Row] | None] = [None] * len(cells)
-    pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_own_group)
+    todo = list(range(len(cells)))[::-1]
+    slots: list[_Slot] = []
+    done = 0
     try:
-        pending = {i: pool.apply_async(run_cell, (cell,)) for i, cell in enumerate(cells)}
-        deadline = time.monotonic() + cell_timeout
-        while pending:
-            done = [i for i, r in pending.items() if r.ready()]
-            for i in done:
-                out[i] = pending.pop(i).get()
-                progress(len(cells) - len(pending))
-                deadline = time.monotonic() + cell_timeout
-            if not done:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no cell finished within --cell-timeout {cell_timeout:g} s")
-                time.sleep(0.05)
+        for _ in range(min(workers, len(cells))):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(theirs, os.getpid()), daemon=True)
+            proc.start()
+            theirs.close()
+            slots.append(_Slot(proc, mine, time.monotonic()))
+        while done < len(cells):
+            now = time.monotonic()
+            for slot in slots:
+                if slot.cell is not None and now > slot.deadline:
+                    raise TimeoutError(f"{_cell_name(cells[slot.cell])} did not finish within "
+                                       f"--cell-timeout {cell_timeout:g} s")
+                if not slot.ready and now > slot.started + WORKER_START_TIMEOUT:
+                    raise CellFailed(f"a sweep worker did not start within {WORKER_START_TIMEOUT:g} s")
+            live = [s for s in slots if s.proc is not None]
+            waits = [s.deadline if s.cell is not None else s.started + WORKER_START_TIMEOUT
+                     for s in live if s.cell is not None or not s.ready]
+            timeout = max(0.0, min(waits) - now) if waits else None
+            ready = set(wait([s.conn for s in live] + [s.proc.sentinel for s in live], timeout))
+            for slot in live:
+                if slot.conn in ready or slot.conn.poll():
+                    try:
+                        message = slot.conn.recv()
+                    except (EOFError, OSError):
+                        message = None
+                    if message is not None:
+                        done += _handle(slot, message, cells, out, todo, cell_timeout)
+                        if message[0] in ("rows",):
+                            progress(done)
+                        continue
+                if slot.proc.sentinel in ready or not slot.proc.is_alive():
+                    slot.proc.join(1)
+                    if slot.cell is None and slot.ready and not todo:
+                        slot.proc = None  # retired after its last cell
+                        continue
+                    what = _death(slot.proc.exitcode)
+                    if slot.cell is None:
+                        raise CellFailed(f"a sweep worker died before running a cell ({what})")
+                    raise CellFailed(f"{_cell_name(cells[slot.cell])} killed its worker ({what})")
     finally:
-        pool.terminate()
-        pool.join()
+        for slot in slots:
+            slot.conn.close()
+            if slot.proc is not None:
+                slot.proc.kill()
+        for slot in slots:
+            if slot.proc is not None:
+                slot.proc.join(5)
     return [rows for rows in out if rows is not None]
+
+
+def _handle(slot: _Slot, message: tuple[Any, ...], cells: list[list[str]], out: list[list[Row] | None],
+            todo: list[int], cell_timeout: float) -> int:
+    """Act on one message from a worker (hand it the next cell); the number of cells it finished."""
+    kind = message[0]
+    finished = 0
+    if kind == "rows":
+        out[message[1]] = message[2]
+        finished = 1
+    elif kind == "user":
+        raise CellError(message[2])
+    elif kind == "raised":
+        raise CellFailed(f"{_cell_name(cells[message[1]])} raised {message[2]}")
+    slot.ready = True
+    slot.cell = None
+    if todo:
+        slot.cell = todo.pop()
+        slot.deadline = time.monotonic() + cell_timeout
+        slot.conn.send((slot.cell, cells[slot.cell]))
+    else:
+        slot.conn.send(None)
+    return finished
 
 
 @contextmanager
 def ray_cluster(workers: int) -> Iterator[Any]:
     """Connect to ``RAY_ADDRESS``, or start a local Ray cluster of ``workers`` CPUs; shut down on
-    exit. Yields the ``ray`` module. Raises ``ImportError`` without Ray."""
+    every exit path (this process's SIGTERM, SIGHUP and SIGINT handlers are kept: Ray's own would
+    replace them), and a local cluster's processes killed even when this process is SIGKILLed
+    (:func:`~pagedprefix.conformance.lifetime.watching_descendants`). Yields the ``ray`` module.
+    Raises ``ImportError`` without Ray."""
     import ray
 
     address = os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address is None:
         kwargs["num_cpus"] = workers
-    ray.init(address=address, **kwargs)
+    ours = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    with contextlib.ExitStack() as stack:
+        if address is None:  # a cluster of our own: its daemons go with this process, SIGKILL included
+            stack.enter_context(watching_descendants())
+        try:
+            ray.init(address=address, **kwargs)
+        finally:
+            for signum, handler in ours.items():  # Ray installs its own: SIGTERM must still end us cleanly
+                if handler is not None:
+                    signal.signal(signum, handler)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+
+
+def _ray_cell(argv: list[str]) -> tuple[str, Any]:
+    """One cell in a Ray task: ``("rows", rows)``, ``("user", message)`` (a :class:`CellError`) or
+    ``("raised", what)`` (anything else, ``SystemExit`` and ``KeyboardInterrupt`` included)."""
     try:
-        yield ray
-    finally:
-        ray.shutdown()
+        hook = _cell_hook()
+        if hook is not None:
+            hook(list(argv))
+        return "rows", run_cell(argv)
+    except CellError as exc:
+        return "user", str(exc)
+    except BaseException as exc:
+        return "raised", _what(exc)
+
+
+def _ray_result(ray: Any, ref: Any, argv: list[str]) -> list[Row]:
+    try:
+        kind, value = ray.get(ref)
+    except Exception as exc:  # the task's worker died (ray.exceptions.WorkerCrashedError, ...)
+        raise CellFailed(f"{_cell_name(argv)} killed its worker ({type(exc).__name__})") from None
+    if kind == "user":
+        raise CellError(value)
+    if kind == "raised":
+        raise CellFailed(f"{_cell_name(argv)} raised {value}")
+    rows: list[Row] = value
+    return rows
 
 
 def run_ray(cells: list[list[str]], workers: int, cell_timeout: float, progress: Progress) -> list[list[Row]]:
-    """The cells as Ray tasks (one CPU each). Raises ``TimeoutError`` (the tasks are cancelled)."""
+    """The cells as Ray tasks (one CPU each). Raises ``TimeoutError`` (the tasks are cancelled),
+    :class:`CellFailed` or :class:`CellError` as :func:`run_local` does."""
     with ray_cluster(workers) as ray:
-        task = ray.remote(num_cpus=1, max_retries=0)(run_cell)
+        task = ray.remote(num_cpus=1, max_retries=0)(_ray_cell)
         refs = [task.remote(cell) for cell in cells]
         index = {ref: i for i, ref in enumerate(refs)}
         out: list[list[Row] | None] = [None] * len(cells)
@@ -265,7 +449,7 @@ def run_ray(cells: list[list[str]], workers: int, cell_timeout: float, progress:
                 if not done:
                     raise TimeoutError(f"no cell finished within --cell-timeout {cell_timeout:g} s")
                 for ref in done:
-                    out[index[ref]] = ray.get(ref)
+                    out[index[ref]] = _ray_result(ray, ref, cells[index[ref]])
                 progress(len(cells) - len(pending))
         finally:
             for ref in pending:

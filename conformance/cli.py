@@ -390,7 +390,7 @@ def _matrix_run(
     for e in engines:
         print(f"matrix: {e.name} ...", file=sys.stderr, flush=True)
         cells += run_cells(e, _trace_groups(), seed)
-    text = render_markdown(cells, seed)
+    text = render_markdown(cells, seed) + "".join(section() for section in _MATRIX_SECTIONS)
     if json_path is not None:
         json_path.write_text(json.dumps(to_json(cells), indent=1) + "\n", encoding="utf-8")
     if check:
@@ -423,10 +423,21 @@ def _trace_groups() -> list[tuple[str, CheckGroup]]:
     return [provide() for provide in _TRACE_GROUP_PROVIDERS]
 
 
-def register(app: typer.Typer, trace_group: Callable[[], tuple[str, CheckGroup]] | None = None) -> None:
+# Sections appended to docs/MATRIX.md by layers above (the indexers: ``pagedprefix.cluster``).
+_MATRIX_SECTIONS: list[Callable[[], str]] = []
+
+
+def register(app: typer.Typer, trace_group: Callable[[], tuple[str, CheckGroup]] | None = None,
+             matrix_section: Callable[[], str] | None = None) -> None:
     """Add the ``conform`` command to the project's typer app. ``trace_group`` returns the
-    real-trace check group (name, rows function) that ``--no-trace`` turns off."""
+    real-trace check group (name, rows function) that ``--no-trace`` turns off;
+    ``matrix_section`` returns Markdown that ``matrix`` appends to the matrix (deterministic)."""
     if trace_group is not None and trace_group not in _TRACE_GROUP_PROVIDERS:
         _TRACE_GROUP_PROVIDERS.append(trace_group)
+    if matrix_section is not None and matrix_section not in _MATRIX_SECTIONS:
+        _MATRIX_SECTIONS.append(matrix_section)
     app.command("conform")(conform)
     app.command("matrix")(matrix)
+    from .history_cli import history
+
+    app.command("history")(history)

@@ -81,9 +81,11 @@ version-3 server that declares neither speaks version 2 with a new number):
 Time limits. Every reply must arrive within the call limit (``call_timeout``, 10 s by default;
 ``hello`` and ``create`` get ``start_timeout``, 120 s, for imports). A server that is silent for
 longer, or answers with something that is not a JSON reply to the request, is killed together
-with its whole process group (it runs in a new session), and the call raises
-:class:`~pagedprefix.conformance.watchdog.EngineHung` or :class:`EngineProcessError`. The group is
-killed on every exit path (``close()``, interpreter exit). The server's stderr goes to a private
+with every process below it (it runs below a keeper, in a new session: see
+:mod:`pagedprefix.conformance.lifetime`), and the call raises
+:class:`~pagedprefix.conformance.watchdog.EngineHung` or :class:`EngineProcessError`. The tree is
+killed on every exit path (``close()``, interpreter exit, a signal, SIGKILL of the harness), and
+when the server exits (a daemon it spawned does not outlive it). The server's stderr goes to a private
 temporary file whose tail is quoted in those errors.
 
 ``capabilities`` is the JSON form of :class:`~pagedprefix.conformance.protocol.Capabilities`
@@ -122,6 +124,7 @@ from pagedprefix.spec import (
 from pagedprefix.spec.events import EventBatch, GroupKey, batch_from_json
 
 from .codec import Json, config_to_json, make_error
+from .lifetime import start_kept
 from .protocol import AdapterFactory, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
 from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineExited, EngineHung
 
@@ -174,7 +177,8 @@ class RemoteEngineError(RuntimeError):
 
 
 class JsonLinesProcess:
-    """A running engine server (in its own process group) and its request/response channel."""
+    """A running engine server (below a keeper, in its own session) and its request/response
+    channel."""
 
     def __init__(
         self,
@@ -188,17 +192,18 @@ class JsonLinesProcess:
         self.start_timeout = start_timeout
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
         try:
-            self.proc = subprocess.Popen(
+            self.kept = start_kept(
                 self.argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,
                 env=env,
-                start_new_session=True,
+                timeout=start_timeout,
             )
         except OSError as exc:
             self._stderr.close()
             raise EngineUnavailable(f"cannot start {self.argv[0]!r}: {exc}") from exc
+        self.proc = self.kept.proc
         self._buffer = b""
         self._next = 0
         self._lock = threading.Lock()
@@ -284,7 +289,13 @@ class JsonLinesProcess:
                     self.proc.wait(timeout=1)
                 how = f"{exit_description(self.proc.returncode)} ({exc})"
                 raise EngineProcessExited(self.argv[0], method, how, self._why()) from exc
-            line = self._readline(method, limit)
+            try:
+                line = self._readline(method, limit)
+            except BaseException:
+                # The reply never came (a time limit, a dead server, an interrupt, a signal): the
+                # channel is out of step, so the server is killed now, not asked to clean up.
+                self.kill()
+                raise
         try:
             reply = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -298,11 +309,9 @@ class JsonLinesProcess:
         return reply.get("result")
 
     def kill(self) -> None:
-        """Kill the server's whole process group (idempotent)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            self.proc.wait(timeout=5)
+        """Kill the server and every process below it (idempotent; see
+        :mod:`pagedprefix.conformance.lifetime`)."""
+        self.kept.end()
         for pipe in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 if pipe is not None:
@@ -311,7 +320,7 @@ class JsonLinesProcess:
             self._stderr.close()
 
     def close(self) -> None:
-        """Ask the server to exit (briefly), then kill its process group whatever it did."""
+        """Ask the server to exit (briefly), then kill its process tree whatever it did."""
         if self.proc.poll() is None and self.proc.stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 self.proc.stdin.write(

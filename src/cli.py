@@ -89,6 +89,13 @@ def _trace_slice_group() -> tuple[str, CheckGroup]:
     return NAME, trace_slice_rows
 
 
+def _indexer_matrix_section() -> str:
+    """The indexers' section of docs/MATRIX.md (imported only when ``matrix`` runs)."""
+    from pagedprefix.cluster.indexer_matrix import indexer_matrix_section
+
+    return indexer_matrix_section()
+
+
 _registered: list[bool] = []
 
 
@@ -102,7 +109,7 @@ def _register() -> None:
     from pagedprefix.model.cli import register as register_model
     from pagedprefix.replay.cli import register as register_replay
 
-    register_conformance(app, trace_group=_trace_slice_group)
+    register_conformance(app, trace_group=_trace_slice_group, matrix_section=_indexer_matrix_section)
     register_replay(app)
     register_model(app)
     register_cluster(app)
@@ -110,6 +117,27 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``pagedprefix`` console script (``argv``: the arguments, default
-    ``sys.argv[1:]``); exits with the command's status."""
+    ``sys.argv[1:]``); exits with the command's status.
+
+    Called as the process's entry point (``argv`` ``None``), it first makes this process the
+    harness of the run (:func:`pagedprefix.conformance.lifetime.harness_setup`: a child subreaper,
+    SIGTERM and SIGHUP an orderly exit with status 128 + signum that runs every clean-up, every
+    process below it killed at exit); a caller that passes ``argv`` (a test, in its own process)
+    keeps its own signal handling."""
+    if argv is None:
+        from pagedprefix.conformance.lifetime import Terminated, harness_setup, received
+
+        harness_setup()
+        try:
+            _register()
+            app(args=argv, prog_name="pagedprefix")
+        except BaseException as exc:
+            signum = received()
+            if signum is None:
+                raise
+            ended = exc if isinstance(exc, Terminated) else Terminated(signum)
+            typer.echo(f"pagedprefix: {ended}", err=True)
+            raise ended from None
+        return
     _register()
     app(args=argv, prog_name="pagedprefix")

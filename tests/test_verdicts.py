@@ -233,3 +233,22 @@ def test_sigterm_to_the_supervisor_is_not_blamed_on_the_candidate(hostile_dir: P
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, (out[-1000:], err[-1000:])
     assert "the candidate ended it" not in err and "PASS" not in out
+
+
+def test_compare_engines_with_an_engine_that_exits_is_a_fail(hostile_dir: Path) -> None:
+    done = pagedprefix("compare-engines", "--engines", "radix", "--engine", "hostile_eng:factory_exit0",
+                       "--trace", "conversation", "--limit", "20", "--num-blocks", "unbounded",
+                       cwd=hostile_dir)
+    assert done.returncode == 1, (done.stdout[-1000:], done.stderr[-1000:])
+    assert "raised SystemExit(0) at" in done.stderr.strip().splitlines()[-1]
+
+
+def test_matrix_fails_the_cell_of_an_engine_that_exits_and_goes_on(
+    hostile_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pagedprefix.conformance.matrix import MatrixEngine, run_cells
+
+    monkeypatch.setenv("PYTHONPATH", str(hostile_dir))  # the engine's worker imports it from there
+    cells = run_cells(MatrixEngine("hostile_eng:exit0", ""), [], 0)
+    assert [c.verdict for c in cells] == ["FAIL", "FAIL"]  # its strongest profile, then core
+    assert all("exited with status 0 during allocate" in c.failing[0].detail for c in cells)

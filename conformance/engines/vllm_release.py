@@ -1,0 +1,643 @@
+"""Any vLLM V1 release's own prefix cache, 0.6.5 to 0.33.0, behind the conformance protocol.
+
+``pagedprefix history vllm`` loads one release per worker process from its extracted wheel
+(:mod:`pagedprefix.conformance.engines._release`: the release's own files, general stand-ins for the
+heavy modules around the cache) and calls :func:`release_factory`. The adapter drives that release's
+``KVCacheManager`` and what it builds (``BlockPool`` or, before 0.8.0, the manager's own block list
+and ``FreeKVCacheBlockQueue``; the coordinator and single-type managers from 0.9.x), fed the
+release's own ``Request`` objects, hashed by the release's own code. It shares its mapping with the
+0.33.0 adapter (:mod:`pagedprefix.conformance.engines.vllm`: request ids, the LoRA path, the null
+block shift, what each operation calls) and adapts to each release **by introspection** of what the
+release defines -- signatures, attributes, the source of one function -- never by a table of version
+numbers:
+
+- **Constructor.** ``KVCacheManager.__init__`` takes ``kv_cache_config`` (0.8.3 on: one
+  ``KVCacheGroupSpec`` of a ``FullAttentionSpec``, its fields filled from the dataclass's own field
+  list) or ``block_size``/``num_gpu_blocks`` (before). Every other parameter it has is passed by
+  name when the adapter knows it (``max_model_len``, ``enable_caching=True``, ``log_stats=False``,
+  ``hash_block_size``/``scheduler_block_size`` = B, ``caching_hash_algo``,
+  ``num_preallocate_tokens=0``), else left at its default. ``num_preallocate_tokens=0``: the
+  manager's own knob for preallocation (its default 64 makes a request hold ``cdiv(64, B)`` blocks
+  beyond its tokens, a memory optimisation the spec has no notion of, and which the release's
+  scheduler passes through unchanged); with 0 the manager allocates exactly what is needed.
+- **Null block.** When ``BlockPool`` has a ``null_block`` (block 0), the pool gets ``N + 1`` blocks
+  and ids are reported ``- 1`` (as for 0.33.0); otherwise ``N`` blocks, ids as they are.
+- **Hash.** With ``get_request_block_hasher`` (0.10.1 on) the hasher is built as the release's
+  ``EngineCore.__init__`` builds it (``get_hash_fn_by_name``, ``init_none_hash``,
+  ``get_request_block_hasher``) and given to ``Request(block_hasher=...)``. Before, the manager
+  hashes itself, with ``caching_hash_algo`` when its constructor has it (0.8.3 to 0.10.0: ``"sha256"``
+  or ``"builtin"``), else with Python's builtin ``hash()`` (the only hash of 0.6.5 to 0.8.2, stated
+  in each row as ``hash builtin``). The spec's ``sha256`` maps to the release's ``sha256`` where
+  there is one, else to its only hash; ``xxh3_128`` to ``xxhash`` where there is one, else
+  ``UnsupportedConfig``; ``weak8`` is never mapped. Seeding: vLLM takes the root's seed from
+  ``PYTHONHASHSEED``, which the adapter leaves alone (keys are not compared: ``keys=False``).
+  The manager's per-request hash memo (``req_to_block_hashes``, before 0.10.1) is dropped with
+  ``free_block_hashes`` when a request is freed, when its admission is refused, and after each
+  lookup, as the release's scheduler drops it when a request finishes (``_free_request``).
+- **Request.** Built by the release's ``Request.__init__`` signature: each parameter the adapter
+  knows is passed (``request_id``, ``prompt_token_ids``, ``sampling_params``, ``lora_request``,
+  ``cache_salt``, ``block_hasher``, ``pooling_params=None``, ``eos_token_id=None``,
+  ``arrival_time=0.0``, multimodal parameters ``None``); 0.6.x takes an ``inputs`` object, made by
+  the release's own ``vllm.inputs.token_inputs``. A required parameter the adapter does not know
+  raises ``EngineUnavailable`` (never a guess). ``SamplingParams(max_tokens=2**20)`` is the
+  release's own class.
+- **allocate.** ``get_computed_blocks`` returns a list (before 0.8.3), ``(blocks, tokens)`` or
+  ``(blocks, tokens, junction)`` (0.26.0 on); normalised to ``(blocks, hit tokens)``. Up to 0.8.2
+  the manager returns every cached full block, also when the whole prompt is cached, and the
+  scheduler drops the last one (``Scheduler.schedule``: ``if num_computed_tokens ==
+  request.num_tokens: ... computed_blocks.pop()``, ``vllm/v1/core/scheduler.py``): the adapter does
+  the same, only where the release's scheduler source has that line (else it raises). Then
+  ``allocate_slots`` with the arguments its signature names (``num_new_tokens`` /
+  ``num_tokens``, ``num_new_computed_tokens``, ``new_computed_blocks`` / ``computed_blocks``,
+  ``full_sequence_must_fit=True`` where it exists); ``num_computed_tokens = num_tokens`` and
+  ``status = RUNNING`` after.
+- **append.** ``append_slots(request, n)`` where the manager has it (before 0.8.0: the decode
+  path), else ``allocate_slots(request, n)``; a refusal is undone on the adapter's own ``Request``.
+- **free, lookup, reset, new_step** as for 0.33.0, where the release has them.
+- **Observations.** The request's blocks: ``get_block_ids`` where it exists, else the
+  ``req_to_blocks`` of the manager or its (single) single-type manager. The free queue:
+  ``get_all_free_blocks`` where it exists, else walked from its head.
+
+Capabilities are the release's, read from its code (:func:`release_capabilities`); a
+capability declared that the release lacks would be a false PASS, one left out that it has a false
+FAIL. Hybrid groups and KV-cache events are not declared here (the history's rows judge one
+full-attention group, as the matrix's ``vllm`` rows judge events elsewhere).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import re
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pagedprefix.spec import (
+    NO_EXTRAS,
+    Allocation,
+    AppendResult,
+    CacheConfig,
+    DuplicateRequest,
+    Extras,
+    OutOfBlocks,
+    RequestId,
+    UnknownRequest,
+    is_hybrid,
+)
+
+from ..protocol import AdapterBase, Capabilities, EngineUnavailable, UnsupportedConfig
+from . import _release
+from .vllm import CAPABILITIES as CAPABILITIES_0_33
+from .vllm import MAX_MODEL_LEN, SAMPLING_MAX_TOKENS, lora_path, vllm_request_id
+
+TARGETS: tuple[str, ...] = (
+    "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.request",
+    "vllm.lora.request",
+    "vllm.sampling_params",
+)
+"""The release modules driven (every one must load for real, not as a stand-in)."""
+
+OPTIONAL_TARGETS: tuple[str, ...] = ("vllm.v1.kv_cache_interface", "vllm.v1.core.block_pool")
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _params(fn: Any) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(fn).parameters)
+
+
+@dataclass(frozen=True)
+class ReleaseInfo:
+    """What one release offers, read from its code (see :func:`inspect_release`).
+
+    Attributes:
+        version: the release (its ``vllm/_version.py``).
+        config_ctor: ``KVCacheManager`` takes ``kv_cache_config`` (else ``block_size``).
+        hasher: the release has ``get_request_block_hasher`` (hashing on ``Request``).
+        hash_names: the spec's hash names this release can honour, mapped to its own.
+        hash_note: the hash actually used for the spec's ``sha256`` (``sha256`` or ``builtin``).
+        lora: how the release keys a LoRA block: ``""`` (not at all), ``"id"``, ``"name"``,
+            ``"name+path"`` (from ``_gen_lora_extra_hash_keys`` / ``generate_block_hash_extra_keys``).
+        cache_salt: ``Request`` takes ``cache_salt`` and the key function uses it.
+        reset: the manager has ``reset_prefix_cache``.
+        new_step: the manager has ``new_step_starts``.
+        free_order: ``unhashed_to_head`` when the free path prepends the blocks without a hash,
+            else ``append_all`` (:func:`_free_order`).
+        scheduler_pops_full_hit: the release's scheduler drops the last block of a full hit.
+    """
+
+    version: str
+    config_ctor: bool
+    hasher: bool
+    hash_names: dict[str, str]
+    hash_note: str
+    lora: str
+    cache_salt: bool
+    reset: bool
+    new_step: bool
+    free_order: str
+    scheduler_pops_full_hit: bool
+
+
+def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
+    """The source of the path ``KVCacheManager.free`` takes for one full-attention group: the
+    full-attention manager's ``free`` (where the release has single-type managers) and
+    ``BlockPool.free_blocks``, else (before 0.8.0) ``KVCacheManager.free`` itself."""
+    import sys
+
+    pool = mods.get("vllm.v1.core.block_pool")
+    if pool is not None and hasattr(pool, "BlockPool"):
+        single = sys.modules.get("vllm.v1.core.single_type_kv_cache_manager")
+        full = getattr(single, "FullAttentionManager", None) if single is not None else None
+        own = _source(full.free) if full is not None and hasattr(full, "free") else ""
+        return own + _source(pool.BlockPool.free_blocks)
+    return _source(mods["vllm.v1.core.kv_cache_manager"].KVCacheManager.free)
+
+
+def _free_order(source: str) -> str:
+    """``unhashed_to_head`` when the free path itself sends blocks without a hash to the head of
+    the queue (it tests ``block_hash is None`` and prepends), else ``append_all``. A ``prepend``
+    *parameter* alone (0.23.0: ``free_blocks(..., prepend=False)``, for callers that ask) is not
+    that policy."""
+    separates = re.search(r"block_hash is None", source) is not None
+    prepends = re.search(r"\.(prepend_n|appendleft|prepend)\(", source) is not None
+    return "unhashed_to_head" if separates and prepends else "append_all"
+
+
+def inspect_release(release: _release.Release) -> ReleaseInfo:
+    """Read the capabilities of a loaded release from its own code (module docstring)."""
+    mods = release.modules
+    manager_cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+    utils = mods["vllm.v1.core.kv_cache_utils"]
+    ctor = _params(manager_cls.__init__)
+    hasher = hasattr(utils, "get_request_block_hasher")
+    hash_names: dict[str, str] = {}
+    if hasher:
+        get_fn = _hash_fn_getter(release)
+        src = _source(get_fn)
+        for spec_name, vllm_name in (("sha256", "sha256"), ("xxh3_128", "xxhash")):
+            if f'"{vllm_name}"' in src or f"'{vllm_name}'" in src:
+                hash_names[spec_name] = vllm_name
+    elif "caching_hash_algo" in ctor:
+        src = _source(manager_cls.__init__) + _source(utils)
+        if "sha256" in src:
+            hash_names["sha256"] = "sha256"
+    else:
+        hash_names["sha256"] = "builtin"
+    extra_src = _source(getattr(utils, "_gen_lora_extra_hash_keys", None)) or _source(
+        getattr(utils, "generate_block_hash_extra_keys", None)
+    )
+    lora = ""
+    if "lora_path" in extra_src and "lora_name" in extra_src:
+        lora = "name+path"
+    elif "lora_name" in extra_src:
+        lora = "name"
+    elif "lora_int_id" in extra_src:
+        lora = "id"
+    request_params = _params(mods["vllm.v1.request"].Request.__init__)
+    sched_src = _scheduler_source(release.root)
+    return ReleaseInfo(
+        version=release.version,
+        config_ctor="kv_cache_config" in ctor,
+        hasher=hasher,
+        hash_names=hash_names,
+        hash_note=hash_names.get("sha256", "none"),
+        lora=lora,
+        cache_salt="cache_salt" in request_params and "cache_salt" in _source(utils),
+        reset=hasattr(manager_cls, "reset_prefix_cache"),
+        new_step=hasattr(manager_cls, "new_step_starts"),
+        free_order=_free_order(_free_path_source(mods)),
+        scheduler_pops_full_hit="computed_blocks.pop()" in sched_src,
+    )
+
+
+def _scheduler_source(root: Path) -> str:
+    for rel in ("vllm/v1/core/sched/scheduler.py", "vllm/v1/core/scheduler.py"):
+        p = root / rel
+        if p.is_file():
+            return p.read_text(encoding="utf-8")
+    return ""
+
+
+def _hash_fn_getter(release: _release.Release) -> Callable[[str], Any]:
+    """``get_hash_fn_by_name`` where the release defines it (``vllm.utils.hashing`` or ``vllm.utils``)."""
+    import importlib
+
+    for name in ("vllm.utils.hashing", "vllm.utils"):
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            continue
+        fn = getattr(module, "get_hash_fn_by_name", None)
+        if fn is not None and not getattr(fn, "__module__", "").startswith("pagedprefix"):
+            return fn  # type: ignore[no-any-return]
+    raise EngineUnavailable(f"vllm {release.version}: get_request_block_hasher without get_hash_fn_by_name")
+
+
+def release_capabilities(info: ReleaseInfo) -> Capabilities:
+    """The spec capabilities of the release (0.33.0's, less what this release lacks)."""
+    extras: set[str] = set()
+    if info.lora:
+        extras.add("lora")
+    if info.cache_salt:
+        extras.add("cache_salt")
+    return replace(
+        CAPABILITIES_0_33,
+        reset=info.reset,
+        extras=frozenset(extras),  # type: ignore[arg-type]
+        free_order=info.free_order,
+        groups=frozenset(),
+        events=False,
+    )
+
+
+_STATE: dict[str, Any] = {}
+
+
+def load(root: Path) -> tuple[_release.Release, ReleaseInfo]:
+    """Load the release at ``root`` into this process (once) and inspect it."""
+    if "release" not in _STATE:
+        release = _release.load_release(root, TARGETS)
+        for name in OPTIONAL_TARGETS:
+            try:
+                module = __import__("importlib").import_module(name)
+            except Exception:
+                continue
+            if not _release.is_stood_in(module):
+                release.modules[name] = module
+        for name in TARGETS:
+            if _release.is_stood_in(release.modules[name]):
+                raise EngineUnavailable(
+                    f"vllm {release.version}: {name} did not import for real ({release.stood_in.get(name)})"
+                )
+        if "VLLM_LOGGING_LEVEL" not in os.environ:
+            logging.getLogger("vllm").setLevel(logging.ERROR)
+        _STATE["release"] = release
+        _STATE["info"] = inspect_release(release)
+    return _STATE["release"], _STATE["info"]
+
+
+class ReleaseAdapter(AdapterBase):
+    """One release's ``KVCacheManager`` seen through the spec's operations (module docstring)."""
+
+    def __init__(self, config: CacheConfig, release: _release.Release, info: ReleaseInfo) -> None:
+        if is_hybrid(config.groups, config.block_size):
+            raise UnsupportedConfig("hybrid groups are not declared in the history rows")
+        algo = info.hash_names.get(config.hash_algo)
+        if algo is None:
+            raise UnsupportedConfig(
+                f"vLLM {info.version} has no counterpart of hash_algo={config.hash_algo!r}"
+            )
+        if config.verify_tokens:
+            raise UnsupportedConfig("vLLM has no verify_tokens")
+        self.capabilities = release_capabilities(info)
+        self.info = info
+        mods = release.modules
+        self._mods = mods
+        self._req_mod = mods["vllm.v1.request"]
+        self._utils = mods["vllm.v1.core.kv_cache_utils"]
+        self._lora_cls = mods["vllm.lora.request"].LoRARequest
+        self._sampling_cls = mods["vllm.sampling_params"].SamplingParams
+        self.block_size = B = config.block_size
+        self.num_blocks = config.num_blocks
+        self._lora_ids: dict[tuple[str, int], int] = {}
+        self._lookups = 0
+        manager_cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
+        self.manager: Any = self._build(manager_cls, config.num_blocks + 1, algo)
+        self.shift = 1 if getattr(self._pool_obj(), "null_block", None) is not None else 0
+        if not self.shift:
+            self.manager = self._build(manager_cls, config.num_blocks, algo)
+        self._hasher: Any = None
+        if info.hasher:
+            hash_fn = _hash_fn_getter(release)(algo)
+            init = getattr(self._utils, "init_none_hash", None)
+            if init is not None:
+                init(hash_fn) if _params(init) else init()
+            self._hasher = self._utils.get_request_block_hasher(B, hash_fn)
+        self.requests: dict[str, Any] = {}
+        alloc = _params(self.manager.allocate_slots)
+        self._alloc_params = alloc
+        self._has_append_slots = hasattr(self.manager, "append_slots")
+
+    # ----- construction -------------------------------------------------------------------------
+
+    def _build(self, manager_cls: Any, num_blocks: int, algo: str) -> Any:
+        params = _params(manager_cls.__init__)
+        B = self.block_size
+        kwargs: dict[str, Any] = {}
+        if "kv_cache_config" in params:
+            kwargs["kv_cache_config"] = self._kv_cache_config(num_blocks)
+        else:
+            kwargs["block_size"] = B
+            kwargs["num_gpu_blocks"] = num_blocks
+        known = {
+            "max_model_len": MAX_MODEL_LEN,
+            "enable_caching": True,
+            "log_stats": False,
+            "hash_block_size": B,
+            "scheduler_block_size": B,
+            "num_preallocate_tokens": 0,
+            "caching_hash_algo": algo,
+            "sliding_window": None,
+            "enable_kv_cache_events": False,
+            "use_eagle": False,
+        }
+        for name, p in params.items():
+            if name in ("self", "kv_cache_config", "block_size", "num_gpu_blocks"):
+                continue
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if name in known:
+                kwargs[name] = known[name]
+            elif p.default is inspect.Parameter.empty:
+                raise EngineUnavailable(
+                    f"vllm {self.info.version}: KVCacheManager needs {name!r}, unknown here"
+                )
+        return manager_cls(**kwargs)
+
+    def _kv_cache_config(self, num_blocks: int) -> Any:
+        import torch
+
+        iface = self._mods.get("vllm.v1.kv_cache_interface")
+        if iface is None:
+            raise EngineUnavailable(f"vllm {self.info.version}: no vllm.v1.kv_cache_interface")
+        spec_values = {
+            "block_size": self.block_size,
+            "num_kv_heads": 1,
+            "head_size": 1,
+            "dtype": torch.float32,
+            "use_mla": False,
+            "sliding_window": None,
+        }
+        spec = _construct(iface.FullAttentionSpec, spec_values, self.info.version)
+        group = iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)
+        cfg_values: dict[str, Any] = {
+            "num_blocks": num_blocks,
+            "kv_cache_tensors": [],
+            "tensors": {},
+            "kv_cache_groups": [group],
+        }
+        return _construct(iface.KVCacheConfig, cfg_values, self.info.version)
+
+    def _pool_obj(self) -> Any:
+        return self.manager.block_pool
+
+    # ----- requests ---------------------------------------------------------------------------
+
+    def _lora(self, extras: Extras) -> Any:
+        if extras.lora is None:
+            return None
+        name, lora_id = extras.lora.name, extras.lora.lora_id
+        # lora_int_id is vLLM's identity of a loaded adapter (distinct adapters get distinct ids):
+        # one per spec identity (name, id), from 1.
+        int_id = self._lora_ids.setdefault((name, lora_id), len(self._lora_ids) + 1)
+        return self._lora_cls(lora_name=name, lora_int_id=int_id, lora_path=lora_path(lora_id))
+
+    def _request(self, vid: str, tokens: Sequence[int], extras: Extras) -> Any:
+        Request = self._req_mod.Request
+        params = _params(Request.__init__)
+        sampling = self._sampling_cls(max_tokens=SAMPLING_MAX_TOKENS)
+        values: dict[str, Any] = {
+            "request_id": vid,
+            "prompt_token_ids": list(tokens),
+            "sampling_params": sampling,
+            "pooling_params": None,
+            "lora_request": self._lora(extras),
+            "cache_salt": extras.cache_salt or None,
+            "block_hasher": self._hasher,
+            "eos_token_id": None,
+            "arrival_time": 0.0,
+            "prompt": None,
+            "priority": 0,
+        }
+        if "inputs" in params:
+            values["inputs"] = (
+                __import__("importlib")
+                .import_module("vllm.inputs")
+                .token_inputs(prompt_token_ids=list(tokens))
+            )
+        kwargs: dict[str, Any] = {}
+        for name, p in params.items():
+            if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if name in values:
+                kwargs[name] = values[name]
+            elif name.startswith(("multi_modal", "mm_")) and p.default is inspect.Parameter.empty:
+                kwargs[name] = None
+            elif p.default is inspect.Parameter.empty:
+                raise EngineUnavailable(f"vllm {self.info.version}: Request needs {name!r}, unknown here")
+        if extras.cache_salt and "cache_salt" not in kwargs:
+            raise UnsupportedConfig(f"vllm {self.info.version} has no cache_salt")
+        return Request(**kwargs)
+
+    def _live(self, request_id: RequestId) -> tuple[str, Any]:
+        vid = vllm_request_id(request_id)
+        request = self.requests.get(vid)
+        if request is None:
+            raise UnknownRequest(f"request {request_id!r} is not live")
+        return vid, request
+
+    def _blocks(self, vid: str) -> list[Any]:
+        holders = [self.manager]
+        coordinator = getattr(self.manager, "coordinator", None)
+        if coordinator is not None:
+            holders += list(getattr(coordinator, "single_type_managers", ()))
+        single = getattr(self.manager, "single_type_manager", None)
+        if single is not None:
+            holders.append(single)
+        for holder in holders:
+            r2b = getattr(holder, "req_to_blocks", None)
+            if isinstance(r2b, dict):
+                return list(r2b.get(vid, []))
+        raise EngineUnavailable(f"vllm {self.info.version}: no req_to_blocks found")
+
+    def _table(self, vid: str) -> tuple[int, ...]:
+        return tuple(b.block_id - self.shift for b in self._blocks(vid))
+
+    def _forget_hashes(self, request: Any) -> None:
+        drop = getattr(self.manager, "free_block_hashes", None)
+        if drop is not None:
+            drop(request)
+
+    def _out_of_blocks(self, request: Any, held: int) -> OutOfBlocks:
+        total = -(-request.num_tokens // self.block_size)
+        free = self.num_free_blocks()
+        return OutOfBlocks(
+            total - held,
+            free,
+            self.num_blocks,
+            total,
+            message=f"vLLM {self.info.version}'s allocate_slots refused: "
+            f"{total - held} more blocks, {free} free",
+        )
+
+    def _computed(self, request: Any) -> tuple[Any, int]:
+        result = self.manager.get_computed_blocks(request)
+        if isinstance(result, tuple):
+            blocks, hit = result[0], int(result[1])
+        else:
+            blocks = result
+            hit = len(blocks) * self.block_size
+        if hit >= request.num_tokens and hit > 0:
+            # The release's manager returns a full hit; its scheduler drops the last block
+            # (module docstring: Scheduler.schedule, ``computed_blocks.pop()``).
+            if not self.info.scheduler_pops_full_hit or not isinstance(blocks, list):
+                raise EngineUnavailable(
+                    f"vllm {self.info.version}: a full hit whose scheduler adjustment is not known"
+                )
+            blocks = blocks[:-1]
+            hit -= self.block_size
+        return blocks, hit
+
+    # ----- operations -------------------------------------------------------------------------
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        vid = vllm_request_id(request_id)
+        if vid in self.requests:
+            raise DuplicateRequest(f"request {request_id!r} is live")
+        request = self._request(vid, tokens, extras)
+        blocks, hit = self._computed(request)
+        new = request.num_tokens - hit
+        names = self._alloc_params
+        kwargs: dict[str, Any] = {}
+        if "num_new_computed_tokens" in names:
+            kwargs["num_new_computed_tokens"] = hit
+        for name in ("new_computed_blocks", "computed_blocks"):
+            if name in names:
+                kwargs[name] = blocks
+        if "full_sequence_must_fit" in names:
+            kwargs["full_sequence_must_fit"] = True
+        new_blocks = self.manager.allocate_slots(request, new, **kwargs)
+        if new_blocks is None:
+            self._forget_hashes(request)
+            raise self._out_of_blocks(request, hit // self.block_size)
+        request.num_computed_tokens = request.num_tokens
+        request.status = self._req_mod.RequestStatus.RUNNING
+        self.requests[vid] = request
+        return Allocation(hit, self._table(vid))
+
+    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+        vid, request = self._live(request_id)
+        all_ids, out_ids = request._all_token_ids, request._output_token_ids
+        hashes = getattr(request, "block_hashes", None)
+        n_all, n_out = len(all_ids), len(out_ids)
+        n_hashes = len(hashes) if isinstance(hashes, list) else 0
+        request.append_output_token_ids(list(tokens))
+        grow = self.manager.append_slots if self._has_append_slots else self.manager.allocate_slots
+        if grow(request, len(tokens)) is None:
+            error = self._out_of_blocks(request, len(self._blocks(vid)))
+            del all_ids[n_all:], out_ids[n_out:]
+            if isinstance(hashes, list):
+                del hashes[n_hashes:]
+            raise error
+        request.num_computed_tokens = request.num_tokens
+        return AppendResult((), self._table(vid))
+
+    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+        raise NotImplementedError("vLLM has no block-level fork (capability fork=False)")
+
+    def free(self, request_id: RequestId) -> None:
+        vid, request = self._live(request_id)
+        self.manager.free(request)
+        self._forget_hashes(request)
+        del self.requests[vid]
+
+    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+        self._lookups += 1
+        request = self._request(f"pagedprefix-lookup-{self._lookups}", tokens, extras)
+        _, hit = self._computed(request)
+        self._forget_hashes(request)
+        return int(hit)
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.info.reset:
+            raise NotImplementedError(f"vLLM {self.info.version} has no reset_prefix_cache")
+        return bool(self.manager.reset_prefix_cache())
+
+    # ----- observations -----------------------------------------------------------------------
+
+    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
+        vid, _ = self._live(request_id)
+        return self._table(vid)
+
+    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+        return (self.block_table(request_id),)
+
+    def _queue(self) -> Any:
+        pool = self.manager.block_pool
+        queue = getattr(pool, "free_block_queue", None)
+        return queue if queue is not None else self.manager.free_block_queue
+
+    def _all_blocks(self) -> Sequence[Any]:
+        pool = self.manager.block_pool
+        return pool if isinstance(pool, list) else pool.blocks
+
+    def num_free_blocks(self) -> int:
+        return int(self._queue().num_free_blocks)
+
+    def ref_cnt(self, block_id: int) -> int:
+        return int(self._all_blocks()[block_id + self.shift].ref_cnt)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        queue = self._queue()
+        get_all = getattr(queue, "get_all_free_blocks", None)
+        if get_all is not None:
+            found = list(get_all())
+        else:
+            found, block = [], queue.free_list_head
+            while block is not None:
+                found.append(block)
+                block = block.next_free_block
+        return tuple(b.block_id - self.shift for b in found)
+
+    def new_step(self) -> None:
+        if self.info.new_step:
+            self.manager.new_step_starts()
+
+    def close(self) -> None:
+        self.requests.clear()
+
+
+def _construct(cls: Any, values: dict[str, Any], version: str) -> Any:
+    """``cls(**values)`` with only the fields ``cls`` declares (a dataclass's field list, else its
+    constructor's parameters); a required field not in ``values`` raises ``EngineUnavailable``."""
+    if is_dataclass(cls):
+        names = {f.name: f for f in fields(cls) if f.init}
+        required = {
+            n
+            for n, f in names.items()
+            if f.default is __import__("dataclasses").MISSING
+            and f.default_factory is __import__("dataclasses").MISSING
+        }
+    else:
+        params = {n: p for n, p in _params(cls.__init__).items() if n != "self"}
+        names = params  # type: ignore[assignment]
+        required = {n for n, p in params.items() if p.default is inspect.Parameter.empty}
+    missing = required - values.keys()
+    if missing:
+        raise EngineUnavailable(f"vllm {version}: {cls.__name__} needs {sorted(missing)}, unknown here")
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def release_factory(root: Path) -> Callable[[CacheConfig], ReleaseAdapter]:
+    """The conformance factory for the release extracted at ``root`` (loaded into this process)."""
+    release, info = load(root)
+
+    def factory(config: CacheConfig) -> ReleaseAdapter:
+        return ReleaseAdapter(config, release, info)
+
+    factory.capabilities = release_capabilities(info)  # type: ignore[attr-defined]
+    return factory
