@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from .outputs import output_problem
+from .outputs import UserError, check_output_path
 from .properties import PROFILES
 from .protocol import AdapterFactory, EngineUnavailable
 from .suite import (
@@ -58,22 +58,10 @@ MAX_SECONDS = 1e6
 """The largest time limit accepted (about eleven days)."""
 
 
-class UserError(Exception):
-    """A mistake in what the user asked for: one line on stderr, exit status 2."""
-
-
 def fail_user(message: str) -> typer.Exit:
     """Print ``message`` as one line on stderr; the ``typer.Exit(2)`` to raise."""
     print(f"pagedprefix conform: error: {' '.join(message.split())}", file=sys.stderr)
     return typer.Exit(2)
-
-
-def check_output_path(path: Path, what: str) -> None:
-    """A file we will write at the end must be writable now
-    (:func:`~pagedprefix.conformance.outputs.output_problem`)."""
-    problem = output_problem({what: path})
-    if problem is not None:
-        raise UserError(problem)
 
 
 def check_options(args: ConformArgs) -> None:

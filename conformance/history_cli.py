@@ -10,7 +10,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import UserError, check_output_path
 from .history import (
     CI_RELEASES,
     HISTORY_EXAMPLES,
@@ -23,6 +22,7 @@ from .history import (
     to_json,
 )
 from .history_fetch import FINAL, FetchError, default_cache_dir, released_versions, version_key
+from .outputs import UserError, check_output_path
 
 
 def _fail(message: str) -> typer.Exit:

@@ -10,6 +10,18 @@ from pathlib import Path
 from pagedprefix.spec.errors import safe_repr
 
 
+class UserError(Exception):
+    """A mistake in what the user asked for: one line on stderr, exit status 2."""
+
+
+def check_output_path(path: Path, what: str) -> None:
+    """A file we will write at the end must be writable now (:func:`output_problem`); raises
+    :class:`UserError` with the reason."""
+    problem = output_problem({what: path})
+    if problem is not None:
+        raise UserError(problem)
+
+
 def output_problem(paths: Mapping[str, Path | None]) -> str | None:
     """Why one of the output files (``{option: path}``, ``None`` when not asked for) cannot be
     written, checked before any work: a directory in its place, a FIFO or a socket (a write to a
