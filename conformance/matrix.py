@@ -51,6 +51,7 @@ MATRIX_ENGINES: tuple[MatrixEngine, ...] = (
     MatrixEngine("vllm-events", "vllm"),
     MatrixEngine("sglang", "sglang"),
     MatrixEngine("sglang-unified", "sglang"),
+    MatrixEngine("sglang-extra-key", "sglang"),
 )
 MATRIX_PATH = Path("docs/MATRIX.md")
 

@@ -57,6 +57,7 @@ ENGINE_SHORT_NAMES: dict[str, str] = {
     "vllm-events": "pagedprefix.conformance.engines.vllm:vllm_with_events",
     "sglang": "pagedprefix.conformance.engines.sglang:sglang",
     "sglang-unified": "pagedprefix.conformance.engines.sglang:sglang_unified",
+    "sglang-extra-key": "pagedprefix.conformance.engines.sglang:sglang_extra_key",
 }
 
 

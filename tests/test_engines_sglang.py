@@ -111,3 +111,59 @@ def test_suite_verdicts(factory: str) -> None:
     rows = {r.name: r for r in report.rows}
     assert rows["vectors: eviction"].status == "pass"
     assert rows["vectors: extras"].status == "pass"
+
+
+def _root_keys(adapter: object) -> set[object]:
+    return set(adapter.tree.root_node.children)  # type: ignore[attr-defined]
+
+
+def test_extra_key_variant_sends_the_salt_as_sglang_extra_key() -> None:
+    """``sglang-extra-key`` puts the salt into ``Req.extra_key`` (not ``cache_salt``), and SGLang's
+    own ``RadixKey.child_key`` namespaces the tree edge by it: ``("s", tokens)``. The shipped
+    ``sglang`` adapter's edge for the same request is ``((None, "s"), tokens)`` (a cache_salt)."""
+    engine = _sglang()
+    config = CacheConfig(block_size=2, num_blocks=4)
+    variant, plain = engine.sglang_extra_key(config), engine.sglang(config)
+    req = variant._req("r", [1, 2, 3], Extras(cache_salt="s"))
+    assert (req.extra_key, req.cache_salt) == ("s", None)
+    with_lora = variant._req("r", [1, 2, 3], Extras(lora=LoRA("x", 7), cache_salt="s"))
+    spelled = variant.spell_extras(Extras(lora=LoRA("x", 7), cache_salt="s"))
+    assert spelled == {"lora": engine.lora_id_string("x", 7), "cache_salt": "s"}
+    assert with_lora.extra_key == "s" + spelled["lora"]  # Req.__init__: (extra_key or "") + lora_id
+    unsalted = variant._req("r", [1, 2, 3], Extras(cache_salt=""))
+    assert unsalted.extra_key is None  # the spec's "" is no salt (SGLang would key "" apart from None)
+    for adapter in (variant, plain):
+        adapter.allocate("a", [1, 2, 3], Extras(cache_salt="s"))
+        adapter.step()
+    assert _root_keys(variant) == {("s", (1, 2))}
+    assert _root_keys(plain) == {((None, "s"), (1, 2))}
+    with pytest.raises(ValueError, match="salt_as"):
+        engine.SglangAdapter(config, salt_as="lora_id")
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # a salt spelled as the LoRA's lora_id, against that LoRA with no salt
+        (Extras(lora=LoRA("x", 0)), "lora"),
+        # salt "s" + LoRA, against the salt "s" + lora_id with no LoRA
+        (Extras(lora=LoRA("x", 0), cache_salt="s"), "s+lora"),
+    ],
+)
+def test_extra_key_variant_aliases_a_salt_with_a_lora(first: Extras, second: str) -> None:
+    """The cause of the ``sglang-extra-key`` FAIL (hit-content, accounting): SGLang concatenates
+    ``extra_key`` and ``lora_id`` untyped, so a salt spelled like the concatenation reuses the LoRA
+    request's KV. The shipped ``sglang`` adapter (salt as ``cache_salt``) keeps them apart."""
+    engine = _sglang()
+    spelled = engine.lora_id_string("x", 0)
+    salt = spelled if second == "lora" else "s" + spelled
+    hits = {}
+    for name in ("sglang_extra_key", "sglang"):
+        adapter = getattr(engine, name)(CacheConfig(block_size=2, num_blocks=8))
+        adapter.allocate("a", [1, 2, 3, 4, 5], first)
+        adapter.step()
+        other = adapter.allocate("b", [1, 2, 3, 4, 6], Extras(cache_salt=salt))
+        adapter.step()
+        unrelated = adapter.lookup([1, 2, 3, 4, 6], Extras(cache_salt=salt + "y"))
+        hits[name] = (other.num_computed_tokens, unrelated)
+    assert hits == {"sglang_extra_key": (4, 0), "sglang": (0, 0)}

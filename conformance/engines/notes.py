@@ -34,6 +34,10 @@ ABOUT: dict[str, str] = {
     "sglang": "SGLang's own `RadixCache` with its `Req`, page allocator and the scheduler-side "
     "`match_kv_cache` / `checkpoint_kv_cache` / `release_kv_cache` "
     "(`pagedprefix.conformance.engines.sglang`).",
+    "sglang-extra-key": "SGLang's own `RadixCache` driven like `sglang`, but with the spec's salt sent as "
+    "SGLang's client-supplied `extra_key` (`Req(extra_key=salt, cache_salt=None)`), the key channel "
+    "that SGLang also folds LoRA ids into (`pagedprefix.conformance.engines.sglang`, "
+    "`sglang_extra_key`).",
     "sglang-unified": "SGLang's `UnifiedRadixCache` (the 0.5.23 server's default, with its Rust tree "
     "core), driven like `sglang`.",
 }
@@ -57,9 +61,9 @@ _SGLANG = {
     "chained hashes, so there are no byte-exact keys to compare.",
     "capability: extras": "multimodal items and prompt embeddings need SGLang's multimodal "
     "processor and a model; LoRA and `cache_salt` are driven. SGLang's `Req.__init__` "
-    '(`schedule_batch.py`) keys `(extra_key or "") + lora_id` untyped: the spec has no input for '
-    "SGLang's caller-defined `extra_key` (the adapter maps the salt to SGLang's own `cache_salt`, "
-    "a separate `RadixKey` field), so that alias runs but cannot be provoked here - recorded, not tested.",
+    '(`schedule_batch.py`) keys `(extra_key or "") + lora_id` untyped; these rows map the salt to '
+    "SGLang's own `cache_salt`, a separate `RadixKey` field, so that alias is not reached here: the "
+    "`sglang-extra-key` rows send the salt as `extra_key` and provoke it.",
     "policy-hits": "SGLang follows " + _TREE_POLICY + ".",
     "policy-sharing": "SGLang follows " + _TREE_POLICY + ".",
     "policy-free-queue": "SGLang follows " + _TREE_POLICY + ".",
@@ -70,6 +74,21 @@ _SGLANG = {
     "`sglang/srt/mem_cache/events.py`, on with `enable_kv_cache_events`), but the adapter does not map "
     "them yet: only vLLM's stream is judged here (the `vllm-events` rows).",
 }
+
+_SGLANG_EXTRA_KEY_ALIAS = (
+    "a real SGLang behaviour, reached because these rows send the spec's salt as SGLang's "
+    "client-supplied `extra_key` (`GenerateReqInput.extra_key`, also a field of its OpenAI-compatible "
+    'completion and chat requests: "extra cache key for caller-defined request classification"). '
+    "`Req.__init__` (`sglang/srt/managers/schedule_batch.py`) folds a LoRA into the same string, "
+    '`extra_key = (extra_key or "") + lora_id`, with no separator or tag, and the tree namespaces '
+    "every edge by that string alone (`RadixKey.child_key_at` in `sglang/srt/mem_cache/radix_cache.py` "
+    "returns `(extra_key, tokens)`, or `((extra_key, cache_salt), tokens)` when a `cache_salt` is set). "
+    "So a request with no LoRA whose `extra_key` equals a LoRA's `lora_id` (SGLang's registry id, a "
+    "uuid4 hex), or `s + lora_id` against `extra_key = s` with that LoRA, gets the LoRA request's "
+    "key and reuses KV computed under the adapter's weights: the runner builds those salts from "
+    "`spell_extras`. `cache_salt` (the `sglang` rows) is a separate field and is not confused. "
+    "tests/test_engines_sglang.py, `test_extra_key_variant_aliases_a_salt_with_a_lora`, pins it."
+)
 
 _VLLM = {
     "capability: fork": "vLLM 0.33's `KVCacheManager` has no fork: parallel sampling (n > 1) runs "
@@ -140,6 +159,17 @@ NOTES: dict[str, dict[str, str]] = {
     },
     "sglang": dict(_SGLANG),
     "sglang-unified": dict(_SGLANG),
+    "sglang-extra-key": {
+        **_SGLANG,
+        "capability: extras": "multimodal items and prompt embeddings need SGLang's multimodal "
+        "processor and a model; LoRA and the salt (as `extra_key`) are driven.",
+        "hit-content": _SGLANG_EXTRA_KEY_ALIAS + " Here the aliased request hits the LoRA request's "
+        "page, whose KV the spec holds for other extras.",
+        "accounting": _SGLANG_EXTRA_KEY_ALIAS + " Here the aliased request misses (the hit is capped "
+        "at `len - 1` tokens), but at publication `checkpoint_kv_cache` finds its page already in the "
+        "tree under the same key, frees it and rewrites its row to the LoRA request's page: a rewrite "
+        "SEMANTICS.md section 6 allows only onto a block of the same content and extras.",
+    },
 }
 
 PASS_NOTE = "every property, vector group and check group the engine can be judged on passes."

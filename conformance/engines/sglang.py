@@ -83,6 +83,18 @@ Mapping decisions
   input that sets ``extra_key``, so here ``extra_key = lora_id``). ``spell_extras`` returns that
   string (``spells_extras=True``). Multimodal items and prompt embeddings are not declared (they
   need SGLang's multimodal processor and a model).
+- **Extras, variant ``sglang-extra-key``** (:func:`sglang_extra_key`, ``salt_as="extra_key"``).
+  SGLang's request has a second client-supplied key channel, ``extra_key`` ("extra cache key for
+  caller-defined request classification", a field of ``GenerateReqInput`` and of the
+  OpenAI-compatible completion and chat requests). This variant sends the spec's salt as
+  ``Req(extra_key=salt or None, cache_salt=None)``, so the salt reaches the same string as the
+  LoRA: ``Req.__init__`` makes it ``(salt or "") + lora_id``, and ``RadixKey.child_key_at``
+  namespaces every child edge by ``(extra_key, tokens)`` (``((extra_key, cache_salt), tokens)``
+  when a ``cache_salt`` is set), and ``RadixKey._check_compatible`` raises ``ValueError`` before
+  comparing keys whose ``extra_key`` differ. ``spell_extras`` returns the same strings, so the
+  runner builds salts equal to a LoRA's ``lora_id``; ``(no LoRA, salt = lora_id(L))`` is keyed
+  exactly like ``(LoRA L, no salt)``, and ``(no LoRA, salt = s + lora_id(L))`` like ``(LoRA L,
+  salt = s)`` (the verdict and its explanation: ``notes.py``, the ``sglang-extra-key`` rows).
 - **Policy.** A radix tree with leaf-first LRU eviction: ``free_order="other"``,
   ``dedup_on_full=None``; judged at ``core`` and ``maximal``.
 - **Errors.** SGLang's tree does not validate input (its tokenizer manager does, above it):
@@ -128,6 +140,8 @@ LORA_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "pagedprefix:lora")
 SAMPLING_MAX_NEW_TOKENS = 2**20
 MAX_RUNNING_REQUESTS = 64
 MAX_CONTEXT_LEN = 2**18
+SALT_CHANNELS = ("cache_salt", "extra_key")
+"""The ``Req`` arguments the spec's salt can travel as (``SglangAdapter(salt_as=...)``)."""
 
 TARGETS: tuple[str, ...] = (
     "sglang.srt.mem_cache.radix_cache",
@@ -337,9 +351,12 @@ class SglangAdapter(AdapterBase):
 
     capabilities = CAPABILITIES
 
-    def __init__(self, config: CacheConfig, *, tree: str = "radix") -> None:
+    def __init__(self, config: CacheConfig, *, tree: str = "radix", salt_as: str = "cache_salt") -> None:
         if tree not in ("radix", "unified"):
             raise ValueError(f"tree must be 'radix' or 'unified', got {tree!r}")
+        if salt_as not in SALT_CHANNELS:
+            raise ValueError(f"salt_as must be one of {SALT_CHANNELS}, got {salt_as!r}")
+        self.salt_as = salt_as
         if config.verify_tokens:
             raise UnsupportedConfig("SGLang's tree compares tokens exactly; verify_tokens does not apply")
         mods = loaded().modules
@@ -384,17 +401,21 @@ class SglangAdapter(AdapterBase):
 
     def _req(self, rid: str, tokens: Sequence[int], extras: Extras) -> Any:
         lora = None if extras.lora is None else lora_id_string(extras.lora.name, extras.lora.lora_id)
+        salt = extras.cache_salt or None  # the spec's "" is no salt; SGLang keys "" apart from None
+        channel = {self.salt_as: salt}
         return self._batch.Req(
             rid,
             "",
             array("q", tokens),
             self._sampling(max_new_tokens=SAMPLING_MAX_NEW_TOKENS),
             lora_id=lora,
-            cache_salt=extras.cache_salt or None,
+            cache_salt=channel.get("cache_salt"),
+            extra_key=channel.get("extra_key"),
         )
 
     def spell_extras(self, extras: Extras) -> dict[str, str]:
-        """The strings SGLang keys extras by: the LoRA's ``lora_id`` and the ``cache_salt``."""
+        """The strings SGLang keys extras by: the LoRA's ``lora_id`` and the salt (as ``cache_salt``
+        or, for ``salt_as="extra_key"``, as ``extra_key``: the same string either way)."""
         out: dict[str, str] = {}
         if extras.lora is not None:
             out["lora"] = lora_id_string(extras.lora.name, extras.lora.lora_id)
@@ -537,11 +558,19 @@ def sglang_unified(config: CacheConfig) -> SglangAdapter:
     return SglangAdapter(config, tree="unified")
 
 
+def sglang_extra_key(config: CacheConfig) -> SglangAdapter:
+    """SGLang's ``RadixCache`` with the spec's salt sent as SGLang's client-supplied ``extra_key``
+    instead of its ``cache_salt`` (``--engine sglang-extra-key``; see "Extras" in the module
+    docstring)."""
+    return SglangAdapter(config, salt_as="extra_key")
+
+
 def sglang(config: CacheConfig) -> SglangAdapter:
     """The conformance factory (``--engine pagedprefix.conformance.engines.sglang:sglang``)."""
     return SglangAdapter(config)
 
 
 __all__ = [
-    "CAPABILITIES", "STAND_INS", "VERSION", "SglangAdapter", "lora_id_string", "sglang", "sglang_unified",
+    "CAPABILITIES", "SALT_CHANNELS", "STAND_INS", "VERSION", "SglangAdapter", "lora_id_string", "sglang",
+    "sglang_extra_key", "sglang_unified",
 ]
