@@ -307,6 +307,7 @@ BASE = {
     "compare-engines": ["--trace", "synthetic"],
     "sweep": ["--trace", "synthetic"],
     "matrix": [],
+    "history": ["vllm"],
 }
 NUMERIC = [
     ("conform", "--seed"), ("conform", "--max-examples"), ("conform", "--steps"),
@@ -325,6 +326,7 @@ NUMERIC = [
     ("indexer-conform", "--start-timeout"),
     ("sweep", "--num-blocks"), ("sweep", "--replicas"), ("sweep", "--drop-events"),
     ("sweep", "--workers"), ("sweep", "--cell-timeout"),
+    ("history", "--examples"), ("history", "--jobs"),
 ]
 
 
