@@ -10,7 +10,9 @@ compare a regeneration byte for byte (exit 1 when a verdict changed: a regressio
 suite and a record of the engines); ``--json`` adds the seconds of each run.
 
 An engine whose package is not installed gets the row ``not installed`` (``nox -s engines``
-installs the pinned releases).
+installs the pinned releases). A component of an engine that cannot be driven honestly (a
+:class:`MatrixEngine` with ``not_driven=True``) gets the row ``not driven`` and, instead of a
+verdict, the precise reason from ``notes.NOT_DRIVEN``: nothing of it runs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engines.notes import ABOUT, NOTES, PASS_NOTE
+from .engines.notes import ABOUT, NOT_DRIVEN, NOTES, PASS_NOTE
 from .protocol import Capabilities, EngineUnavailable
 from .suite import (
     CheckGroup,
@@ -37,10 +39,12 @@ from .watchdog import EngineLost
 
 @dataclass(frozen=True)
 class MatrixEngine:
-    """A row group of the matrix: the engine's short name and the distribution it comes from."""
+    """A row group of the matrix: the engine's short name and the distribution it comes from;
+    ``not_driven``: a component no adapter drives, published with its reason (``NOT_DRIVEN``)."""
 
     name: str
     distribution: str
+    not_driven: bool = False
 
 
 MATRIX_ENGINES: tuple[MatrixEngine, ...] = (
@@ -52,6 +56,8 @@ MATRIX_ENGINES: tuple[MatrixEngine, ...] = (
     MatrixEngine("sglang", "sglang"),
     MatrixEngine("sglang-unified", "sglang"),
     MatrixEngine("sglang-extra-key", "sglang"),
+    MatrixEngine("sglang-swa", "sglang", not_driven=True),
+    MatrixEngine("sglang-mamba", "sglang", not_driven=True),
 )
 MATRIX_PATH = Path("docs/MATRIX.md")
 
@@ -63,7 +69,7 @@ class Cell:
     engine: str
     version: str
     profile: str
-    verdict: str  # PASS, FAIL, INCOMPLETE or "not installed"
+    verdict: str  # PASS, FAIL, INCOMPLETE, "not installed" or "not driven"
     failing: list[CheckResult] = field(default_factory=list)
     skipped: list[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
@@ -91,10 +97,13 @@ def run_cells(
     progress: Callable[[str], None] | None = None,
 ) -> list[Cell]:
     """The engine's cells (its strongest profile, then ``core``); ``not installed`` when its
-    distribution is missing or it cannot be loaded."""
+    distribution is missing or it cannot be loaded; one ``not driven`` cell, with nothing run, for
+    a ``not_driven`` row whose distribution is installed."""
     version = version_of(engine.distribution) if engine.distribution else "(given)"
     if version is None:
         return [Cell(engine.name, "-", "-", "not installed", error=f"pip install {engine.distribution}")]
+    if engine.not_driven:
+        return [Cell(engine.name, version, "-", "not driven")]
     try:
         factory = load_engine(engine.name)
         caps = probe_capabilities(factory)
@@ -134,6 +143,11 @@ def explain(engine: str, row: CheckResult) -> str:
     return note if note is not None else f"*unexplained*: {row.detail}"
 
 
+def not_driven_reason(engine: str) -> str:
+    """Why ``engine`` (a ``not_driven`` row) is not driven, or ``unexplained``."""
+    return NOT_DRIVEN.get(engine, "*unexplained*: a not-driven row needs its reason in notes.NOT_DRIVEN")
+
+
 def _skipped_note(engine: str, row: CheckResult) -> str | None:
     """Skips worth a line: by capability or by the engine's policy claim (not by profile)."""
     if row.kind == "capability" or "claims" in row.detail or "declares policy" in row.detail:
@@ -168,6 +182,8 @@ def render_markdown(cells: Sequence[Cell], seed: int = 0) -> str:
 def _cell_section(c: Cell) -> list[str]:
     if c.verdict == "not installed":
         return ["", f"Not installed here: {c.error}."]
+    if c.verdict == "not driven":
+        return ["", f"Not driven: {not_driven_reason(c.engine)}"]
     lines = ["", f"### {c.profile}: {c.verdict}", ""]
     if c.verdict == "PASS":
         lines.append(f"PASS: {PASS_NOTE}")

@@ -167,3 +167,106 @@ def test_extra_key_variant_aliases_a_salt_with_a_lora(first: Extras, second: str
         unrelated = adapter.lookup([1, 2, 3, 4, 6], Extras(cache_salt=salt + "y"))
         hits[name] = (other.num_computed_tokens, unrelated)
     assert hits == {"sglang_extra_key": (4, 0), "sglang": (0, 0)}
+
+
+# ----- hybrid caches: SGLang's SWA tree is built and driven, and why neither it nor Mamba is judged -----
+
+
+def _swa_admit(cache: object, rid: str, tokens: list[int]) -> object | None:
+    """One admission into ``swa_cache``'s tree as SGLang's scheduler makes it, with SGLang's own
+    functions: ``Req.init_next_round_input`` (``match_kv_cache``), ``tree.lock``, the allocator's
+    ``evict_to_free_tokens`` and ``alloc_extend``, the row written as ``alloc_for_extend`` leaves it.
+    ``None`` (the lock undone) when SGLang's allocator refuses."""
+    import torch
+
+    engine = _sglang()
+    mods = engine.loaded().modules
+    tree, allocator, rows = cache.tree, cache.allocator, cache.rows  # type: ignore[attr-defined]
+    sampling = mods["sglang.srt.sampling.sampling_params"].SamplingParams(max_new_tokens=64)
+    req = mods["sglang.srt.managers.schedule_batch"].Req(rid, "", __import__("array").array("q", tokens), sampling)
+    req.init_next_round_input(tree)
+    prefix, n = int(req.prefix_len), len(tokens)
+    req.lock = tree.lock(req.last_node)
+    indices = tree.prefix_device_indices(req)
+    last = indices[-1:].to(torch.int64) if prefix else torch.tensor([-1], dtype=torch.int64)
+    allocator.evict_to_free_tokens(tree, n - prefix)
+    as_tensor = [torch.tensor([v], dtype=torch.int64) for v in (prefix, prefix, n, n)]
+    slots = allocator.alloc_extend(*as_tensor, last, n - prefix)
+    if slots is None:
+        tree.unlock(req.lock)
+        return None
+    rows.alloc([req])
+    idx = req.kv.req_pool_idx
+    rows.write((idx, slice(0, prefix)), indices)
+    rows.write((idx, slice(prefix, n)), slots.to(torch.int32))
+    req.kv.kv_allocated_len = req.kv.kv_committed_len = req.extend_end = n
+    return req
+
+
+def _swa_finish(cache: object, req: object) -> None:
+    mods = _sglang().loaded().modules
+    common = mods["sglang.srt.mem_cache.common"]
+    common.checkpoint_kv_cache(req, cache.tree)  # type: ignore[attr-defined]
+    req.finished_reason = mods["sglang.srt.managers.schedule_batch"].FINISH_ABORT()  # type: ignore[attr-defined]
+    common.release_kv_cache(req, cache.tree, checkpoint=True)  # type: ignore[attr-defined]
+
+
+def test_swa_cache_is_driven_on_a_cpu() -> None:
+    """SGLang's hybrid-SWA tree (FULL + SWA components) runs here: a 10-token prompt over 4-token
+    pages takes 3 pages of each pool, its release keeps the 2 full pages in both the full and the
+    SWA part of the tree and frees the rest, and a resend hits those 8 tokens through it."""
+    engine = _sglang()
+    cache = engine.swa_cache(4, full_pages=16, swa_pages=8, window=8)
+    tree, allocator = cache.tree, cache.allocator
+    assert set(tree.components) == {tree.tree_components[0], tree.tree_components[1]}
+    assert [c.name for c in tree.tree_components] == ["FULL", "SWA"]
+    first = _swa_admit(cache, "a", list(range(10)))
+    assert first is not None and first.prefix_len == 0
+    assert (allocator.full_available_size(), allocator.swa_available_size()) == (52, 20)
+    _swa_finish(cache, first)
+    assert (allocator.full_available_size(), allocator.swa_available_size()) == (56, 24)
+    assert (tree.evictable_size(), tree.swa_evictable_size()) == (8, 8)
+    again = _swa_admit(cache, "b", list(range(10)))
+    assert again is not None and again.prefix_len == 8
+    other = _swa_admit(cache, "c", [9] + list(range(1, 10)))
+    assert other is not None and other.prefix_len == 0
+    with pytest.raises(ValueError, match="block_size >= 2"):
+        engine.swa_cache(1, full_pages=4, swa_pages=4, window=8)
+
+
+def test_swa_pools_are_separate() -> None:
+    """Why no adapter declares ``sliding`` groups for SGLang (notes.NOT_DRIVEN["sglang-swa"]):
+    its full and SWA KV live in two pools, and an admission needs room in both. With 16 full pages
+    and 4 SWA pages SGLang refuses a 5-page prompt although 16 full pages are free, while the
+    spec's one pool of N = 20 blocks admits it into full(4) + sliding(8, 4); any split of N into the
+    two pools decides such verdicts, so they would judge the adapter's split."""
+    from pagedprefix.spec import create_cache, full, sliding
+
+    engine = _sglang()
+    cache = engine.swa_cache(4, full_pages=16, swa_pages=4, window=8)
+    assert _swa_admit(cache, "a", list(range(20))) is None
+    assert (cache.allocator.full_available_size(), cache.allocator.swa_available_size()) == (64, 16)
+    assert cache.allocator.available_size() == 16  # min of the two pools
+    spec = create_cache(CacheConfig(block_size=4, num_blocks=20, groups=(full(4), sliding(8, 4))))
+    admitted = spec.allocate("a", list(range(20)))
+    assert admitted.num_computed_tokens == 0 and [len(t) for t in admitted.block_tables] == [5, 5]
+    assert _swa_admit(cache, "b", list(range(16))) is not None  # 4 pages fit both pools
+
+
+def test_mamba_caches_only_what_the_scheduler_tracked() -> None:
+    """Why no adapter declares ``mamba`` groups for SGLang (notes.NOT_DRIVEN["sglang-mamba"]): with
+    the extra buffer, ``MambaComponent.prepare_for_caching_req`` caches the state at
+    ``req.kv.mamba_last_track_seqlen``, which SGLang's ScheduleBatch and result processor set; a
+    request they never saw donates 0 tokens of state. (The component is made without its
+    ``__init__``, which needs a HybridReqToTokenPool shaped by a model's cache_params; on this path
+    the method reads only ``cache.enable_mamba_extra_buffer`` and the pool's int8 checkpoint pool,
+    which a pool without one lacks.)"""
+    engine = _sglang()
+    mods = engine.loaded().modules
+    mamba = __import__("importlib").import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+    component = mamba.MambaComponent.__new__(mamba.MambaComponent)
+    component.cache = types.SimpleNamespace(enable_mamba_extra_buffer=True, req_to_token_pool=None)
+    sampling = mods["sglang.srt.sampling.sampling_params"].SamplingParams(max_new_tokens=8)
+    req = mods["sglang.srt.managers.schedule_batch"].Req("m", "", __import__("array").array("q", range(32)), sampling)
+    assert req.kv.mamba_last_track_seqlen is None
+    assert component.prepare_for_caching_req(req, None, token_ids_len=32, is_finished=False) == 0

@@ -40,7 +40,44 @@ ABOUT: dict[str, str] = {
     "`sglang_extra_key`).",
     "sglang-unified": "SGLang's `UnifiedRadixCache` (the 0.5.23 server's default, with its Rust tree "
     "core), driven like `sglang`.",
+    "sglang-swa": "SGLang's hybrid sliding-window cache: `UnifiedRadixCache` with the `FULL` and `SWA` "
+    "components over `SWATokenToKVPoolAllocator` (what `registry.create_unified_radix_cache` builds for "
+    "a hybrid-SWA model; 0.5.23 has no separate `swa_radix_cache.py`).",
+    "sglang-mamba": "SGLang's hybrid Mamba cache: `UnifiedRadixCache` with the `FULL` and `MAMBA` "
+    "components over `HybridReqToTokenPool` and its `MambaPool` (what `registry.create_unified_radix_cache` "
+    "builds for a hybrid-SSM model; 0.5.23 has no separate `mamba_radix_cache.py`).",
 }
+
+NOT_DRIVEN: dict[str, str] = {
+    "sglang-swa": "it builds and runs in process on a CPU (`pagedprefix.conformance.engines.sglang."
+    "swa_cache`; tests/test_engines_sglang.py drives a request through SGLang's `match_kv_cache`, "
+    "`alloc_extend`, `checkpoint_kv_cache` and `release_kv_cache`, and a resend hits through the SWA "
+    "component), but a verdict would judge the adapter. SGLang keeps full and SWA KV in two separately "
+    "sized allocators (`SWATokenToKVPoolAllocator.full_attn_allocator` and `swa_attn_allocator`, "
+    "`sglang/srt/mem_cache/allocator/swa.py`; the server sizes them with `--swa-full-tokens-ratio`, "
+    "`model_executor/pool_configurator.py`), and `alloc_extend` refuses unless both have the new "
+    "pages (`new_pages_available(n, n)`), while SEMANTICS.md section 8 models one pool of `N` blocks "
+    "that every group draws from: `group-accounting` (free + held = `N` over one id space), "
+    "`progress` and the admission capacity summed over groups presuppose it. How `N` splits into the "
+    "two pools would be the adapter's choice, and those verdicts would follow from it (16 full pages "
+    "and 4 SWA pages: SGLang refuses a 5-page prompt that the spec admits with `N = 20`, "
+    "`test_swa_pools_are_separate`). The pools also share one page size, so full and sliding groups "
+    "of different block sizes have no SGLang counterpart. Judging it needs a spec model with one pool "
+    "per group kind.",
+    "sglang-mamba": "what the `MAMBA` component caches is decided by SGLang's scheduler and model kernel, "
+    "not by the tree. Without `enable_mamba_extra_buffer`, `MambaComponent` asserts `page_size == 1` "
+    "and donates the running state at the request's whole length; with it, `prepare_for_caching_req` "
+    "(`sglang/srt/mem_cache/unified_cache/components/mamba.py`) inserts the state at "
+    "`req.kv.mamba_last_track_seqlen`, which only `ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend` "
+    "(`managers/schedule_batch.py`: the prefill chunk, the kernel's FLA chunk grid, `_force_track_h`) "
+    "and the scheduler's decode result processing (`managers/scheduler_components/"
+    "batch_result_processor.py`) set; a request they never saw donates nothing "
+    "(`test_mamba_caches_only_what_the_scheduler_tracked`). The component also needs a "
+    "`HybridReqToTokenPool` whose `MambaPool` is shaped by the model's `cache_params`. Driving the "
+    "tree alone would put that tracking into the adapter, so a verdict would judge the adapter, not "
+    "SGLang (vLLM's Mamba groups are left out for the same reason).",
+}
+"""Components that no adapter drives, with the precise reason (the matrix's ``not driven`` rows)."""
 
 _TREE_POLICY = (
     "its own eviction order (leaf-first LRU over the tree), not a spec policy, so exact hit lengths "
@@ -159,6 +196,8 @@ NOTES: dict[str, dict[str, str]] = {
     },
     "sglang": dict(_SGLANG),
     "sglang-unified": dict(_SGLANG),
+    "sglang-swa": {},
+    "sglang-mamba": {},
     "sglang-extra-key": {
         **_SGLANG,
         "capability: extras": "multimodal items and prompt embeddings need SGLang's multimodal "

@@ -99,6 +99,45 @@ Mapping decisions
   ``dedup_on_full=None``; judged at ``core`` and ``maximal``.
 - **Errors.** SGLang's tree does not validate input (its tokenizer manager does, above it):
   ``input_errors=False``.
+
+Hybrid caches: not driven, and why (``docs/MATRIX.md``, rows ``sglang-swa`` and ``sglang-mamba``)
+--------------------------------------------------------------------------------------------------
+In 0.5.23 a hybrid model's prefix cache is ``UnifiedRadixCache`` with one component per kind
+(``registry.create_unified_radix_cache``: ``FULL``, plus ``SWA`` for a hybrid-SWA model, plus
+``MAMBA`` for a hybrid-SSM one); the older ``swa_radix_cache.py`` / ``mamba_radix_cache.py`` are
+gone. No adapter declares ``groups`` for it, for these reasons:
+
+- **SWA** (``unified_cache/components/swa.py`` over ``allocator/swa.py``). It *can* be driven in
+  process on a CPU: :func:`swa_cache` builds it (``SWATokenToKVPoolAllocator`` over SGLang's
+  ``SWAKVPool`` without its KV tensors, ``CacheInitParams(sliding_window_size=W - 1,
+  tree_components=(FULL, SWA))``), and ``tests/test_engines_sglang.py`` drives a request through
+  ``match_kv_cache`` / ``alloc_extend`` / ``checkpoint_kv_cache`` / ``release_kv_cache`` and a resend
+  hits through the SWA component. It is not *judged*, because SGLang keeps full and SWA KV in two
+  separately sized allocators (``SWATokenToKVPoolAllocator.full_attn_allocator`` of ``size`` tokens
+  and ``swa_attn_allocator`` of ``size_swa`` tokens; the server sizes them with
+  ``--swa-full-tokens-ratio`` in ``model_executor/pool_configurator.py``), and ``alloc_extend``
+  refuses unless *both* have the new pages (``new_pages_available(n, n)``), while SEMANTICS.md
+  section 8 models one pool of ``N`` blocks that every group draws from: ``group-accounting`` (H6:
+  free + held = ``N`` over one id space), ``progress`` (``OutOfBlocks`` only when the pool cannot
+  cover the need) and the admission capacity summed over groups all presuppose that one pool. The
+  adapter would have to choose how ``N`` splits into the two pools, and those verdicts would follow
+  from its choice (with 16 full pages and 4 SWA pages SGLang refuses a 5-page prompt that the spec
+  admits with ``N = 20``; with any other split another prompt): a verdict would judge the adapter.
+  Also, the two pools share one ``page_size``, so a config whose full and sliding groups have
+  different block sizes has no SGLang counterpart. What judging it needs: a spec model with one pool
+  per group kind (a ``pools`` config, H6 and ``progress`` per pool).
+- **Mamba** (``unified_cache/components/mamba.py``). ``MambaComponent`` needs a
+  ``HybridReqToTokenPool`` whose ``MambaPool`` is shaped by the model's ``cache_params``
+  (``BaseLinearStateParams``: conv and temporal state shapes), and what it caches is decided by the
+  scheduler and the model kernel, not by the tree: without ``enable_mamba_extra_buffer`` it asserts
+  ``page_size == 1`` and donates the running state at the request's whole length; with it,
+  ``prepare_for_caching_req`` inserts the state at ``req.kv.mamba_last_track_seqlen``, which only
+  ``ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend`` (``managers/schedule_batch.py``,
+  on the prefill chunk and the kernel's FLA chunk grid, ``_force_track_h``) and the scheduler's
+  decode result processing (``managers/scheduler_components/batch_result_processor.py``) set; a
+  request they never saw donates nothing (``cache_len is None``: 0 tokens). Driving the tree alone
+  would mean writing that tracking into the adapter, so a Mamba verdict would judge the adapter, not
+  SGLang (the same reason vLLM's Mamba groups are not driven).
 """
 
 from __future__ import annotations
@@ -109,6 +148,7 @@ import sys
 import uuid
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pagedprefix.spec import (
@@ -161,7 +201,7 @@ TARGETS: tuple[str, ...] = (
 _UTILS_COMMON = (
     "ceil_align", "get_int_env_var", "get_bool_env_var", "is_hip", "is_cuda", "is_mps",
     "get_num_new_pages", "next_power_of_2", "is_xpu", "get_device_module", "assert_int64_array",
-    "is_gfx95_supported",
+    "is_gfx95_supported", "async_h2d",
 )
 
 STAND_INS: tuple[StandIn, ...] = (
@@ -197,6 +237,18 @@ STAND_INS: tuple[StandIn, ...] = (
         exports=(("BaseTokenToKVPoolAllocator", "sglang.srt.mem_cache.allocator.base"),),
     ),
     StandIn(
+        "sglang.srt.mem_cache.allocator.hisparse", "placeholder",
+        "DeepSeek V4's HiSparse allocator (DSV4 kernels, the model config); SWAComponent names it "
+        "only in an isinstance check",
+        names=("DeepSeekV4HiSparseTokenToKVPoolAllocator",),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.allocator.unified_hybrid_swa", "placeholder",
+        "the unified (shared-buffer) hybrid SWA allocators (CUDA VMM backing); the Rust tree core "
+        "names UnifiedSWAAllocatorBase only in an isinstance check",
+        names=("UnifiedSWAAllocatorBase",),
+    ),
+    StandIn(
         "sglang.srt.mem_cache.allocator.paged", "partial",
         "imports the Triton alloc kernels; PagedTokenToKVPoolAllocator falls back to its own torch "
         "code (alloc_decode_naive) when the platform has no Triton",
@@ -207,6 +259,12 @@ STAND_INS: tuple[StandIn, ...] = (
         "imports Triton and the device KV pools; ReqToTokenPool is plain torch",
         names=("ReqToTokenPool", "KVCache", "MHATokenToKVPool", "MLATokenToKVPool", "DSATokenToKVPool",
                "MHATokenToKOnlyPool"),
+    ),
+    StandIn(
+        "sglang.srt.mem_cache.allocator.swa", "partial",
+        "imports a Triton page-clearing kernel (get_and_clear_swa_pages, called only on CUDA); "
+        "SWATokenToKVPoolAllocator is two paged allocators and a full-to-SWA index map in torch",
+        names=("SWATokenToKVPoolAllocator",),
     ),
     StandIn(
         "sglang.srt.observability.metrics_collector", "placeholder",
@@ -565,12 +623,66 @@ def sglang_extra_key(config: CacheConfig) -> SglangAdapter:
     return SglangAdapter(config, salt_as="extra_key")
 
 
+@dataclass
+class SwaCache:
+    """SGLang's hybrid-SWA prefix cache, built but not an adapter (module docstring, "Hybrid
+    caches"): ``tree`` is a ``UnifiedRadixCache`` with the ``FULL`` and ``SWA`` components,
+    ``allocator`` its ``SWATokenToKVPoolAllocator`` (two paged pools, sizes in tokens), ``rows`` its
+    ``ReqToTokenPool``."""
+
+    tree: Any
+    allocator: Any
+    rows: Any
+
+
+def swa_cache(block_size: int, full_pages: int, swa_pages: int, window: int, *, rows: int = 8) -> SwaCache:
+    """Build SGLang's hybrid-SWA cache as ``registry.create_unified_radix_cache`` does for a
+    hybrid-SWA model: ``window`` counts the query token (the spec's ``W``), so SGLang gets
+    ``sliding_window_size = W - 1`` as its models pass it; ``block_size`` is the one page size of
+    both pools (``> 1``: ``SWATokenToKVPoolAllocator.alloc_extend`` asserts it).
+
+    The allocator's ``kvcache`` is SGLang's ``SWAKVPool`` made without its ``__init__`` (which
+    builds two device KV buffers the tree never reads), holding what the allocator uses of it:
+    no sub-pools (``None``, as the ``sglang`` adapter passes ``kvcache=None``) and the full-to-SWA
+    index map that ``register_mapping`` stores. Raises ``ValueError`` for a size below 1, a
+    ``block_size`` below 2 or a ``window`` below 2, and ``EngineUnavailable`` without SGLang.
+    """
+    if block_size < 2 or full_pages < 1 or swa_pages < 1 or window < 2 or rows < 1:
+        raise ValueError(
+            f"swa_cache needs block_size >= 2, pages >= 1, window >= 2, rows >= 1; got {block_size}, "
+            f"{full_pages}, {swa_pages}, {window}, {rows}"
+        )
+    mods = loaded().modules  # the stand-ins SWATokenToKVPoolAllocator needs are in place from here
+    import importlib
+
+    torch = __import__("torch")
+    swa_pool = importlib.import_module("sglang.srt.mem_cache.swa_memory_pool").SWAKVPool
+    swa_allocator = importlib.import_module("sglang.srt.mem_cache.allocator.swa").SWATokenToKVPoolAllocator
+    kvcache = swa_pool.__new__(swa_pool)
+    kvcache.full_kv_pool = kvcache.swa_kv_pool = kvcache.full_to_swa_index_mapping = None
+    allocator = swa_allocator(
+        size=full_pages * block_size, size_swa=swa_pages * block_size, page_size=block_size,
+        dtype=torch.float16, device="cpu", kvcache=kvcache, need_sort=False,
+    )
+    pool = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool(
+        size=rows, max_context_len=full_pages * block_size + 1, device="cpu", enable_memory_saver=False
+    )
+    params = mods["sglang.srt.mem_cache.cache_init_params"].CacheInitParams(
+        disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=block_size,
+        sliding_window_size=window - 1,
+    )
+    components = mods["sglang.srt.mem_cache.unified_cache.components"].ComponentType
+    params.tree_components = (components.FULL, components.SWA)
+    tree = mods["sglang.srt.mem_cache.unified_radix_cache"].UnifiedRadixCache(params)
+    return SwaCache(tree, allocator, pool)
+
+
 def sglang(config: CacheConfig) -> SglangAdapter:
     """The conformance factory (``--engine pagedprefix.conformance.engines.sglang:sglang``)."""
     return SglangAdapter(config)
 
 
 __all__ = [
-    "CAPABILITIES", "SALT_CHANNELS", "STAND_INS", "VERSION", "SglangAdapter", "lora_id_string", "sglang",
-    "sglang_extra_key", "sglang_unified",
+    "CAPABILITIES", "SALT_CHANNELS", "STAND_INS", "VERSION", "SglangAdapter", "SwaCache", "lora_id_string",
+    "sglang", "sglang_extra_key", "sglang_unified", "swa_cache",
 ]
