@@ -58,6 +58,7 @@ ENGINE_SHORT_NAMES: dict[str, str] = {
     "sglang": "pagedprefix.conformance.engines.sglang:sglang",
     "sglang-unified": "pagedprefix.conformance.engines.sglang:sglang_unified",
     "sglang-extra-key": "pagedprefix.conformance.engines.sglang:sglang_extra_key",
+    "sglang-unified-extra-key": "pagedprefix.conformance.engines.sglang:sglang_unified_extra_key",
 }
 
 

@@ -7,11 +7,14 @@ suite runs and the verdict rows are asserted, known suite false positives includ
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import os
 import sys
 import types
+from array import array
+from typing import Any
 
 import pytest
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
@@ -65,6 +68,12 @@ def test_req_concatenates_extra_key_and_lora_id() -> None:
     req = adapter._req("r", [1, 2, 3], Extras(lora=LoRA("x", 7)))
     spelled = adapter.spell_extras(Extras(lora=LoRA("x", 7)))["lora"]
     assert len(spelled) == 32 and req.extra_key == spelled == req.lora_id
+
+
+def test_unified_extra_key_variant_drives_the_unified_tree_with_the_salt_as_extra_key() -> None:
+    adapter = _sglang().sglang_unified_extra_key(CacheConfig(block_size=2, num_blocks=4))
+    assert (adapter.tree_kind, adapter.salt_as) == ("unified", "extra_key")
+    assert type(adapter.tree).__name__ == "UnifiedRadixCache"
 
 
 @pytest.mark.parametrize("factory", ["sglang", "sglang_unified"])
@@ -141,6 +150,7 @@ def test_extra_key_variant_sends_the_salt_as_sglang_extra_key() -> None:
         engine.SglangAdapter(config, salt_as="lora_id")
 
 
+@pytest.mark.parametrize("tree", ["radix", "unified"])
 @pytest.mark.parametrize(
     ("first", "second"),
     [
@@ -150,16 +160,17 @@ def test_extra_key_variant_sends_the_salt_as_sglang_extra_key() -> None:
         (Extras(lora=LoRA("x", 0), cache_salt="s"), "s+lora"),
     ],
 )
-def test_extra_key_variant_aliases_a_salt_with_a_lora(first: Extras, second: str) -> None:
-    """The cause of the ``sglang-extra-key`` FAIL (hit-content, accounting): SGLang concatenates
-    ``extra_key`` and ``lora_id`` untyped, so a salt spelled like the concatenation reuses the LoRA
-    request's KV. The shipped ``sglang`` adapter (salt as ``cache_salt``) keeps them apart."""
+def test_extra_key_variant_aliases_a_salt_with_a_lora(first: Extras, second: str, tree: str) -> None:
+    """The cause of the ``sglang-extra-key`` and ``sglang-unified-extra-key`` FAILs (hit-content,
+    accounting): SGLang concatenates ``extra_key`` and ``lora_id`` untyped, so a salt spelled like
+    the concatenation reuses the LoRA request's KV, in RadixCache and in UnifiedRadixCache alike.
+    The salt as ``cache_salt`` (``sglang``, ``sglang-unified``) keeps them apart."""
     engine = _sglang()
     spelled = engine.lora_id_string("x", 0)
     salt = spelled if second == "lora" else "s" + spelled
     hits = {}
-    for name in ("sglang_extra_key", "sglang"):
-        adapter = getattr(engine, name)(CacheConfig(block_size=2, num_blocks=8))
+    for name, salt_as in (("sglang_extra_key", "extra_key"), ("sglang", "cache_salt")):
+        adapter = engine.SglangAdapter(CacheConfig(block_size=2, num_blocks=8), tree=tree, salt_as=salt_as)
         adapter.allocate("a", [1, 2, 3, 4, 5], first)
         adapter.step()
         other = adapter.allocate("b", [1, 2, 3, 4, 6], Extras(cache_salt=salt))
@@ -172,7 +183,7 @@ def test_extra_key_variant_aliases_a_salt_with_a_lora(first: Extras, second: str
 # ----- hybrid caches: SGLang's SWA tree is built and driven, and why neither it nor Mamba is judged -----
 
 
-def _swa_admit(cache: object, rid: str, tokens: list[int]) -> object | None:
+def _swa_admit(cache: Any, rid: str, tokens: list[int]) -> Any:
     """One admission into ``swa_cache``'s tree as SGLang's scheduler makes it, with SGLang's own
     functions: ``Req.init_next_round_input`` (``match_kv_cache``), ``tree.lock``, the allocator's
     ``evict_to_free_tokens`` and ``alloc_extend``, the row written as ``alloc_for_extend`` leaves it.
@@ -181,9 +192,9 @@ def _swa_admit(cache: object, rid: str, tokens: list[int]) -> object | None:
 
     engine = _sglang()
     mods = engine.loaded().modules
-    tree, allocator, rows = cache.tree, cache.allocator, cache.rows  # type: ignore[attr-defined]
+    tree, allocator, rows = cache.tree, cache.allocator, cache.rows
     sampling = mods["sglang.srt.sampling.sampling_params"].SamplingParams(max_new_tokens=64)
-    req = mods["sglang.srt.managers.schedule_batch"].Req(rid, "", __import__("array").array("q", tokens), sampling)
+    req = mods["sglang.srt.managers.schedule_batch"].Req(rid, "", array("q", tokens), sampling)
     req.init_next_round_input(tree)
     prefix, n = int(req.prefix_len), len(tokens)
     req.lock = tree.lock(req.last_node)
@@ -203,12 +214,13 @@ def _swa_admit(cache: object, rid: str, tokens: list[int]) -> object | None:
     return req
 
 
-def _swa_finish(cache: object, req: object) -> None:
+def _swa_finish(cache: Any, req: Any) -> None:
+    """The prefill step's end and the request's finish, as the ``sglang`` adapter does them."""
     mods = _sglang().loaded().modules
     common = mods["sglang.srt.mem_cache.common"]
-    common.checkpoint_kv_cache(req, cache.tree)  # type: ignore[attr-defined]
-    req.finished_reason = mods["sglang.srt.managers.schedule_batch"].FINISH_ABORT()  # type: ignore[attr-defined]
-    common.release_kv_cache(req, cache.tree, checkpoint=True)  # type: ignore[attr-defined]
+    common.checkpoint_kv_cache(req, cache.tree)
+    req.finished_reason = mods["sglang.srt.managers.schedule_batch"].FINISH_ABORT()
+    common.release_kv_cache(req, cache.tree, checkpoint=True)
 
 
 def test_swa_cache_is_driven_on_a_cpu() -> None:
@@ -249,7 +261,8 @@ def test_swa_pools_are_separate() -> None:
     assert cache.allocator.available_size() == 16  # min of the two pools
     spec = create_cache(CacheConfig(block_size=4, num_blocks=20, groups=(full(4), sliding(8, 4))))
     admitted = spec.allocate("a", list(range(20)))
-    assert admitted.num_computed_tokens == 0 and [len(t) for t in admitted.block_tables] == [5, 5]
+    assert admitted.num_computed_tokens == 0
+    assert sorted(b for t in admitted.block_tables for b in t if b is not None) == list(range(10))
     assert _swa_admit(cache, "b", list(range(16))) is not None  # 4 pages fit both pools
 
 
@@ -263,10 +276,10 @@ def test_mamba_caches_only_what_the_scheduler_tracked() -> None:
     which a pool without one lacks.)"""
     engine = _sglang()
     mods = engine.loaded().modules
-    mamba = __import__("importlib").import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+    mamba = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
     component = mamba.MambaComponent.__new__(mamba.MambaComponent)
     component.cache = types.SimpleNamespace(enable_mamba_extra_buffer=True, req_to_token_pool=None)
     sampling = mods["sglang.srt.sampling.sampling_params"].SamplingParams(max_new_tokens=8)
-    req = mods["sglang.srt.managers.schedule_batch"].Req("m", "", __import__("array").array("q", range(32)), sampling)
+    req = mods["sglang.srt.managers.schedule_batch"].Req("m", "", array("q", range(32)), sampling)
     assert req.kv.mamba_last_track_seqlen is None
     assert component.prepare_for_caching_req(req, None, token_ids_len=32, is_finished=False) == 0

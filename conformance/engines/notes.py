@@ -40,6 +40,9 @@ ABOUT: dict[str, str] = {
     "`sglang_extra_key`).",
     "sglang-unified": "SGLang's `UnifiedRadixCache` (the 0.5.23 server's default, with its Rust tree "
     "core), driven like `sglang`.",
+    "sglang-unified-extra-key": "SGLang's `UnifiedRadixCache` (the server's default tree) driven like "
+    "`sglang-extra-key`: the spec's salt sent as SGLang's client-supplied `extra_key` "
+    "(`pagedprefix.conformance.engines.sglang`, `sglang_unified_extra_key`).",
     "sglang-swa": "SGLang's hybrid sliding-window cache: `UnifiedRadixCache` with the `FULL` and `SWA` "
     "components over `SWATokenToKVPoolAllocator` (what `registry.create_unified_radix_cache` builds for "
     "a hybrid-SWA model; 0.5.23 has no separate `swa_radix_cache.py`).",
@@ -59,7 +62,9 @@ NOT_DRIVEN: dict[str, str] = {
     "pages (`new_pages_available(n, n)`), while SEMANTICS.md section 8 models one pool of `N` blocks "
     "that every group draws from: `group-accounting` (free + held = `N` over one id space), "
     "`progress` and the admission capacity summed over groups presuppose it. How `N` splits into the "
-    "two pools would be the adapter's choice, and those verdicts would follow from it (16 full pages "
+    "two pools would be the adapter's choice, and those verdicts would follow from it: SGLang admits "
+    "`k` new pages only if each pool has `k` free, the spec if its one pool has the `2 k` both groups "
+    "need, so they part whenever one pool has fewer free pages than the other (at once with 16 full "
     "and 4 SWA pages: SGLang refuses a 5-page prompt that the spec admits with `N = 20`, "
     "`test_swa_pools_are_separate`). The pools also share one page size, so full and sliding groups "
     "of different block sizes have no SGLang counterpart. Judging it needs a spec model with one pool "
@@ -68,7 +73,8 @@ NOT_DRIVEN: dict[str, str] = {
     "not by the tree. Without `enable_mamba_extra_buffer`, `MambaComponent` asserts `page_size == 1` "
     "and donates the running state at the request's whole length; with it, `prepare_for_caching_req` "
     "(`sglang/srt/mem_cache/unified_cache/components/mamba.py`) inserts the state at "
-    "`req.kv.mamba_last_track_seqlen`, which only `ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend` "
+    "`req.kv.mamba_last_track_seqlen`, which only "
+    "`ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend` "
     "(`managers/schedule_batch.py`: the prefill chunk, the kernel's FLA chunk grid, `_force_track_h`) "
     "and the scheduler's decode result processing (`managers/scheduler_components/"
     "batch_result_processor.py`) set; a request they never saw donates nothing "
@@ -124,7 +130,10 @@ _SGLANG_EXTRA_KEY_ALIAS = (
     "uuid4 hex), or `s + lora_id` against `extra_key = s` with that LoRA, gets the LoRA request's "
     "key and reuses KV computed under the adapter's weights: the runner builds those salts from "
     "`spell_extras`. `cache_salt` (the `sglang` rows) is a separate field and is not confused. "
-    "tests/test_engines_sglang.py, `test_extra_key_variant_aliases_a_salt_with_a_lora`, pins it."
+    "tests/test_engines_sglang.py, `test_extra_key_variant_aliases_a_salt_with_a_lora`, pins it. The "
+    "same alias holds in `UnifiedRadixCache`, the server's default tree: the string is built by "
+    "`Req.__init__` before either tree sees it (the test runs both trees; `--engine "
+    "sglang-unified-extra-key` runs the suite on the unified one)."
 )
 
 _VLLM = {
@@ -152,6 +161,18 @@ _VLLM_WINDOW_OF_ONE = (
     "window excluded the same run passes at `exact` (tests/test_engines_vllm.py, "
     "`test_hybrid_window_of_one_token`); no released model has W = 1."
 )
+
+_SGLANG_EXTRA_KEY: dict[str, str] = {
+    **_SGLANG,
+    "capability: extras": "multimodal items and prompt embeddings need SGLang's multimodal "
+    "processor and a model; LoRA and the salt (as `extra_key`) are driven.",
+    "hit-content": _SGLANG_EXTRA_KEY_ALIAS + " Here the aliased request hits the LoRA request's "
+    "page, whose KV the spec holds for other extras.",
+    "accounting": _SGLANG_EXTRA_KEY_ALIAS + " Here the aliased request misses (the hit is capped "
+    "at `len - 1` tokens), but at publication `checkpoint_kv_cache` finds its page already in the "
+    "tree under the same key, frees it and rewrites its row to the LoRA request's page: a rewrite "
+    "SEMANTICS.md section 6 allows only onto a block of the same content and extras.",
+}
 
 NOTES: dict[str, dict[str, str]] = {
     "impl": {},
@@ -198,17 +219,10 @@ NOTES: dict[str, dict[str, str]] = {
     "sglang-unified": dict(_SGLANG),
     "sglang-swa": {},
     "sglang-mamba": {},
-    "sglang-extra-key": {
-        **_SGLANG,
-        "capability: extras": "multimodal items and prompt embeddings need SGLang's multimodal "
-        "processor and a model; LoRA and the salt (as `extra_key`) are driven.",
-        "hit-content": _SGLANG_EXTRA_KEY_ALIAS + " Here the aliased request hits the LoRA request's "
-        "page, whose KV the spec holds for other extras.",
-        "accounting": _SGLANG_EXTRA_KEY_ALIAS + " Here the aliased request misses (the hit is capped "
-        "at `len - 1` tokens), but at publication `checkpoint_kv_cache` finds its page already in the "
-        "tree under the same key, frees it and rewrites its row to the LoRA request's page: a rewrite "
-        "SEMANTICS.md section 6 allows only onto a block of the same content and extras.",
-    },
+    "sglang-extra-key": _SGLANG_EXTRA_KEY,
+    # shipped (--engine sglang-unified-extra-key), not a matrix row: two more suite runs in
+    # `nox -s engines` for the alias the sglang-extra-key rows publish (a test pins the unified tree)
+    "sglang-unified-extra-key": dict(_SGLANG_EXTRA_KEY),
 }
 
 PASS_NOTE = "every property, vector group and check group the engine can be judged on passes."

@@ -95,6 +95,10 @@ Mapping decisions
   runner builds salts equal to a LoRA's ``lora_id``; ``(no LoRA, salt = lora_id(L))`` is keyed
   exactly like ``(LoRA L, no salt)``, and ``(no LoRA, salt = s + lora_id(L))`` like ``(LoRA L,
   salt = s)`` (the verdict and its explanation: ``notes.py``, the ``sglang-extra-key`` rows).
+  Variant ``sglang-unified-extra-key`` (:func:`sglang_unified_extra_key`) sends the salt the same
+  way into ``UnifiedRadixCache`` (the 0.5.23 server's default tree, Rust tree core): the string is
+  built by ``Req.__init__`` before either tree sees it, and the unified tree namespaces by it
+  alike, so the same aliases hold there.
 - **Policy.** A radix tree with leaf-first LRU eviction: ``free_order="other"``,
   ``dedup_on_full=None``; judged at ``core`` and ``maximal``.
 - **Errors.** SGLang's tree does not validate input (its tokenizer manager does, above it):
@@ -121,8 +125,11 @@ gone. No adapter declares ``groups`` for it, for these reasons:
   free + held = ``N`` over one id space), ``progress`` (``OutOfBlocks`` only when the pool cannot
   cover the need) and the admission capacity summed over groups all presuppose that one pool. The
   adapter would have to choose how ``N`` splits into the two pools, and those verdicts would follow
-  from its choice (with 16 full pages and 4 SWA pages SGLang refuses a 5-page prompt that the spec
-  admits with ``N = 20``; with any other split another prompt): a verdict would judge the adapter.
+  from its choice: SGLang admits ``k`` new pages only if each pool has ``k`` free, the spec if the
+  one pool has the ``2 k`` both groups need, so they part whenever one pool has fewer free pages
+  than the other (at once with 16 full and 4 SWA pages: SGLang refuses a 5-page prompt that the
+  spec admits with ``N = 20``; under an even split, as soon as the window's releases during decode
+  leave the SWA pool the roomier one): a verdict would judge the adapter.
   Also, the two pools share one ``page_size``, so a config whose full and sliding groups have
   different block sizes has no SGLang counterpart. What judging it needs: a spec model with one pool
   per group kind (a ``pools`` config, H6 and ``progress`` per pool).
@@ -677,6 +684,12 @@ def swa_cache(block_size: int, full_pages: int, swa_pages: int, window: int, *, 
     return SwaCache(tree, allocator, pool)
 
 
+def sglang_unified_extra_key(config: CacheConfig) -> SglangAdapter:
+    """SGLang's ``UnifiedRadixCache`` (the server's default tree) with the spec's salt sent as
+    ``extra_key`` (``--engine sglang-unified-extra-key``; "Extras" in the module docstring)."""
+    return SglangAdapter(config, tree="unified", salt_as="extra_key")
+
+
 def sglang(config: CacheConfig) -> SglangAdapter:
     """The conformance factory (``--engine pagedprefix.conformance.engines.sglang:sglang``)."""
     return SglangAdapter(config)
@@ -684,5 +697,5 @@ def sglang(config: CacheConfig) -> SglangAdapter:
 
 __all__ = [
     "CAPABILITIES", "SALT_CHANNELS", "STAND_INS", "VERSION", "SglangAdapter", "SwaCache", "lora_id_string",
-    "sglang", "sglang_extra_key", "sglang_unified", "swa_cache",
+    "sglang", "sglang_extra_key", "sglang_unified", "sglang_unified_extra_key", "swa_cache",
 ]
