@@ -246,6 +246,28 @@ def test_swa_cache_is_driven_on_a_cpu() -> None:
         engine.swa_cache(1, full_pages=4, swa_pages=4, window=8)
 
 
+def test_swa_tree_keeps_the_window_and_the_junction() -> None:
+    """SGLang's own SWA logic runs (not a tree that ignores the component): a finished 13-token
+    prompt leaves 12 tokens of full KV but only the trailing window (8 tokens, two pages) of SWA KV
+    in the tree; a sibling sharing the first 8 tokens then misses (its window below 8 is gone) and
+    records the junction ``swa_branching_seqlen = 8``, and its insertion keeps the window there, so
+    the next sibling hits 8: the spec's ``replay`` retention with its junction (SEMANTICS.md
+    section 8), at SGLang's page granularity."""
+    engine = _sglang()
+    cache = engine.swa_cache(4, full_pages=16, swa_pages=8, window=8)
+    shared = list(range(8))
+    first = _swa_admit(cache, "a", shared + [50, 51, 52, 53, 54])
+    _swa_finish(cache, first)
+    assert (cache.tree.evictable_size(), cache.tree.swa_evictable_size()) == (12, 8)
+    assert (cache.allocator.full_available_size(), cache.allocator.swa_available_size()) == (52, 24)
+    sibling = _swa_admit(cache, "b", shared + [60, 61, 62, 63, 64])
+    assert sibling.prefix_len == 0 and sibling.swa_branching_seqlen == 8
+    _swa_finish(cache, sibling)
+    assert cache.tree.swa_evictable_size() == 16  # the window at the junction was kept too
+    assert _swa_admit(cache, "c", shared + [80, 81, 82, 83, 84]).prefix_len == 8
+    assert _swa_admit(cache, "d", shared + [50, 51, 52, 53, 70]).prefix_len == 12  # the resend
+
+
 def test_swa_pools_are_separate() -> None:
     """Why no adapter declares ``sliding`` groups for SGLang (notes.NOT_DRIVEN["sglang-swa"]):
     its full and SWA KV live in two pools, and an admission needs room in both. With 16 full pages

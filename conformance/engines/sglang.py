@@ -115,8 +115,11 @@ gone. No adapter declares ``groups`` for it, for these reasons:
   process on a CPU: :func:`swa_cache` builds it (``SWATokenToKVPoolAllocator`` over SGLang's
   ``SWAKVPool`` without its KV tensors, ``CacheInitParams(sliding_window_size=W - 1,
   tree_components=(FULL, SWA))``), and ``tests/test_engines_sglang.py`` drives a request through
-  ``match_kv_cache`` / ``alloc_extend`` / ``checkpoint_kv_cache`` / ``release_kv_cache`` and a resend
-  hits through the SWA component. It is not *judged*, because SGLang keeps full and SWA KV in two
+  ``match_kv_cache`` / ``alloc_extend`` / ``checkpoint_kv_cache`` / ``release_kv_cache``: a resend
+  hits through the SWA component, a finished prompt leaves full KV but only its trailing window of
+  SWA KV in the tree, and a sibling that misses at the shared prefix records the junction
+  (``swa_branching_seqlen``) so that the next one hits (the spec's ``replay`` retention). It is not
+  *judged*, because SGLang keeps full and SWA KV in two
   separately sized allocators (``SWATokenToKVPoolAllocator.full_attn_allocator`` of ``size`` tokens
   and ``swa_attn_allocator`` of ``size_swa`` tokens; the server sizes them with
   ``--swa-full-tokens-ratio`` in ``model_executor/pool_configurator.py``), and ``alloc_extend``
