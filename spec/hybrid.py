@@ -49,7 +49,8 @@ The rules, each mirroring vLLM 0.33.0 (HYBRID.md section 7.1):
   a shared partial last block applies to full, sliding and chunked groups; a Mamba running state
   that moves to a new entry leaves its old block (the copy source) held until the next append.
 - **fork** shares every entry except each Mamba running state, which is copied into a new block
-  (reported as a copy); it raises ``OutOfBlocks`` when those blocks are not free.
+  (reported as a copy) — a Mamba copy source the parent still holds is shared (the ``exact``
+  choice); it raises ``OutOfBlocks`` when those blocks are not free.
 - **free** drops the request's pending keys, then releases by ``group_free_order``:
   ``group_major`` (each table reversed, group by group) or ``reversed_concat``.
 - **Release batches.** Blocks released together — a group's out-of-window entries, a group's
@@ -676,7 +677,10 @@ class HybridSpecCache:
 
     def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult:
         """The child shares every held entry of the parent (``ref_cnt += 1``) except each Mamba
-        running state, which is copied into a new block (a running state is never shared).
+        running state, which is copied into a new block (a running state is never shared). A Mamba
+        copy source the parent still holds (its old running-state block, the state of the same
+        prefix) is shared too: the spec's ``exact`` choice (SEMANTICS.md section 8; ``core`` and
+        ``maximal`` accept a child that leaves it out).
 
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest` (parent), then
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child), then :class:`OutOfBlocks`
