@@ -636,6 +636,106 @@ def fork_and_mamba() -> list[Case]:
     return [c.build()]
 
 
+def no_full_junction() -> list[Case]:
+    """The junction without a full-attention group: the own hit of group 0 (SEMANTICS.md section 8)."""
+    cases: list[Case] = []
+    c = new_case(
+        "junction/no-full/chunk-start",
+        hcfg((chunked(8, 4), sliding(8, 4)), 40),
+        "maximal",
+        "8.retention",
+        "No full group: vLLM looks up the chunked group first, and its own hit on a fresh 22-token prompt "
+        "is the chunk start 16 (nothing before the chunk is read): L = 0, junction 16, so the SWA group "
+        "keys its tails at 16 and at the replay boundary 20. A sibling sharing 17 tokens hits 16 (under "
+        "the full-only junction rule it would get 0). Checked against vLLM 0.33.0.",
+    )
+    c.allocate("a", T[:22])
+    expect_cached(c, T[:22], 1, [2, 3, 4])
+    sibling = T[:17] + [9] * 5
+    expect_hit(c, sibling, 16)
+    c.allocate("b", sibling)
+    cases.append(c.build())
+
+    def build(num_blocks: int) -> Case:
+        c = new_case(
+            "junction/no-full/sliding-then-mamba",
+            hcfg((sliding(8, 4), mamba(4)), num_blocks),
+            "maximal",
+            "8.retention",
+            "sliding(8,4)+mamba(4), replay: prompt A of 21 tokens keeps the SWA tail and the state at 20; "
+            "the state's checkpoint is evicted. Sibling B sharing 20 tokens gets L = 0 (no state at 20), "
+            "but the sliding group (looked up first) hits 20 on its own: B's junction 20 keeps its state "
+            "there, so after new_step a third request C sharing 20 tokens hits 20.",
+        )
+        checkpoints = c.allocate("A", T[:21])["result"]["checkpoints"]
+        assert checkpoints == [[1, 20, checkpoints[0][2]]], checkpoints
+        c.new_step()
+        evict_through(c, checkpoints[0][2])
+        sibling = T[:20] + list(range(700, 709))
+        expect_hit(c, sibling, 0)
+        assert c.allocate("B", sibling)["result"] is not None, f"{c.case_id}: B must be admitted"
+        c.new_step()
+        c.free("A")
+        third = T[:20] + [9] * 6
+        expect_hit(c, third, 20)
+        assert c.allocate("C", third)["result"] is not None, f"{c.case_id}: C must be admitted"
+        return c.build()
+
+    cases.append(first_that_builds(build, range(20, 48)))
+    return cases
+
+
+def two_full_sizes() -> list[Case]:
+    def build(num_blocks: int) -> Case:
+        c = new_case(
+            "lookup/two-full-sizes-truncated",
+            hcfg((full(4), full(8), sliding(8, 4)), num_blocks, group_free_order="reversed_concat"),
+            "maximal",
+            "8.lookup",
+            "Two full groups of different block sizes: full(8) loses entry 2, so for a resend of 41 tokens "
+            "full(4) alone hits 40, full(8) 16, the SWA tail of a live 17-token request holds 16: L = 16 "
+            "and every full table is truncated to it (full(4) holds 4 entries, not 10: a stale longer "
+            "table leaks blocks). The resend of 49 tokens records full(4)'s own hit 40 as its junction (not "
+            "the joint 16 of both full groups), so its SWA tail at 40 is kept and a request sharing 41 "
+            "tokens hits 40.",
+        )
+        for rid, tokens in (("s", T[:17]), ("a", T[:41])):
+            assert c.allocate(rid, tokens)["result"] is not None, f"{c.case_id}: {rid} must be admitted"
+        c.free("a")
+        evict_through(c, key_block(c, T[:41], 1, 2))
+        expect_cached(c, T[:41], 0, list(range(10)))
+        expect_cached(c, T[:41], 1, [0, 1])
+        expect_hit(c, T[:49], 16)
+        assert c.allocate("b", T[:49])["result"] is not None, f"{c.case_id}: b must be admitted"
+        expect_cached(c, T[:49], 2, [2, 3, 8, 9, 10, 11])  # the tails at 16 (s), 40 (junction), 48
+        c.free("s")
+        expect_hit(c, T[:41] + [7] * 3, 40)
+        assert c.allocate("c", T[:41] + [7] * 3)["result"] is not None, f"{c.case_id}: c must be admitted"
+        return c.build()
+
+    return [first_that_builds(build, range(40, 80))]
+
+
+def fork_copy_source() -> list[Case]:
+    c = new_case(
+        "fork/mamba-copy-source-shared",
+        hcfg((full(4), mamba(4)), 16),
+        "exact",
+        "8.fork",
+        "After a decode moves p's running state from entry 1 to entry 2, entry 1 (the copy source: the "
+        "state after 8 tokens) stays held until the next append. fork shares it with the child, which gets "
+        "its own copy of the running state: the spec's exact choice (core and maximal also accept a child "
+        "that leaves the copy source out).",
+    )
+    c.allocate("p", T[:7])
+    c.append("p", [1, 2])
+    c.fork("p", "c")
+    c.append("c", [3])
+    c.free("p")
+    c.free("c")
+    return [c.build()]
+
+
 def hybrid_cases() -> list[Case]:
     out: list[Case] = []
     for build in (
@@ -654,6 +754,9 @@ def hybrid_cases() -> list[Case]:
         group_free_orders,
         equal_spec_groups,
         fork_and_mamba,
+        no_full_junction,
+        two_full_sizes,
+        fork_copy_source,
     ):
         out.extend(build())
     return out

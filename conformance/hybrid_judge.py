@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from pagedprefix.spec import CacheConfig, Extras, RequestId, hit_alignment
-from pagedprefix.spec.groups import Groups, need_set, num_entries, replay_boundary
+from pagedprefix.spec.groups import (
+    Groups,
+    KVCacheGroup,
+    first_lookup_class,
+    need_set,
+    num_entries,
+    replay_boundary,
+)
 from pagedprefix.spec.hybrid import config_groups
 
 from .codec import Json, extras_from_json
@@ -125,6 +132,10 @@ class HybridJudge(Judge):
         self.aborted: set[int] = set()
         self.step_index = 0
         self.seen: list[Seen] = []
+        self.attention_seen: list[Seen] = []
+        """Every sequence remembered since the last reset, aborted Mamba producers included: their
+        attention keys stay in the index (only pending Mamba keys are dropped), so the junction
+        (an attention group's own hit) is computed from these."""
         self.maximal_hits = (
             self.maximal
             and caps.retention == config.retention
@@ -456,6 +467,7 @@ class HybridJudge(Judge):
             if self.live:
                 self.fail(H6, f"{what} returned True while {len(self.live)} requests hold blocks")
             self.seen.clear()
+            self.attention_seen.clear()
             self.engine_pops = 0
 
     def _check_boundary(self, hit: int, n: int, what: str) -> None:
@@ -726,12 +738,12 @@ class HybridJudge(Judge):
 
     def _remember(self, req: HReq, rid: RequestId, admission: bool, hit: int = 0) -> None:
         junction = 0
-        if admission and any(g.kind == "full" for g in self.groups):
-            full = self._full_bound(req.tokens, req.extras)
-            junction = full if full > hit else 0
-        self.seen.append(
-            Seen(tuple(req.tokens), req.extras, rid, self.step_index, admission, junction, req.hit)
-        )
+        if admission:
+            own = self._junction_bound(req.tokens, req.extras)
+            junction = own if own > hit else 0
+        seen = Seen(tuple(req.tokens), req.extras, rid, self.step_index, admission, junction, req.hit)
+        self.seen.append(seen)
+        self.attention_seen.append(seen)
 
     def _usable(self, seen: Seen) -> bool:
         has_mamba = any(g.kind == "mamba" for g in self.groups)
@@ -741,11 +753,51 @@ class HybridJudge(Judge):
         """What the full-attention groups hold of ``tokens`` (no eviction): the longest common
         prefix with a settled sequence, within its cacheable length, rounded down to ``A``."""
         best = 0
-        for s in self.seen:
+        for s in self.attention_seen:
             if s.extras == extras:
                 q = min(_common(s.tokens, tokens), len(s.tokens), len(tokens) - 1)
                 best = max(best, q // self.A * self.A)
         return best
+
+    def _junction_bound(self, tokens: list[int], extras: Extras) -> int:
+        """The junction an admission of ``tokens`` records when no block was ever reused: the own
+        hit of the group vLLM looks up first (SEMANTICS.md section 8, ``first_lookup_class``) from
+        what the engine has seen. Exact for a full, sliding or chunked first group; 0 (promise
+        nothing beyond the replay boundary) for a Mamba one, whose states depend on publication.
+        A junction the judge cannot compute exactly must be 0, never a guess: the engine retains
+        the tail at its junction only, so a wrong non-zero one would promise a hit it never kept."""
+        first = self.groups[first_lookup_class(self.groups)[0]]
+        if first.kind == "full":
+            return self._full_bound(tokens, extras)
+        if first.kind == "mamba":
+            return 0
+        entries = range(len(tokens) // first.block_size)
+        keyed = [self._keyed_by_seen(first, j, tokens, extras) for j in entries]
+        for length in range(replay_boundary(len(tokens), self.A), 0, -self.A):
+            if all(keyed[j] for j in need_set(first, length)):
+                return length
+        return 0
+
+    def _keyed_by_seen(self, first: KVCacheGroup, j: int, tokens: list[int], extras: Extras) -> bool:
+        """Whether entry ``j`` of the sliding or chunked group ``first`` is keyed for
+        ``tokens`` with no block ever reused: some sequence seen with ``extras`` shares the entry's
+        prefix and keyed it — chunked, every full entry up to its cacheable length from the chunk
+        of its own hit on (entries before that chunk it never held); sliding under ``replay``, the
+        need sets of its replay boundary and its junction at admission (those of its hit were
+        keyed already)."""
+        end = (j + 1) * first.block_size
+        for s in self.attention_seen:
+            if s.extras != extras or _common(s.tokens, tokens) < end:
+                continue
+            if first.kind == "chunked":
+                chunk_start = s.hit // first.chunk * first.chunk
+                if end <= len(s.tokens) // self.A * self.A and j * first.block_size >= chunk_start:
+                    return True
+            elif s.admission:
+                boundaries = [replay_boundary(len(s.tokens), self.A)] + ([s.junction] if s.junction else [])
+                if any(j in need_set(first, b) for b in boundaries):
+                    return True
+        return False
 
     def _adequate_hit(self, step: Step) -> int:
         """The hit the claimed retention promises ``step`` from what the engine has seen."""

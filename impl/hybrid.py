@@ -61,7 +61,14 @@ from pagedprefix.spec.cache import request_sort_key, resolve_seed
 from pagedprefix.spec.errors import safe_repr
 from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
 from pagedprefix.spec.extras import block_extra_fields
-from pagedprefix.spec.groups import cacheable, dense_boundaries, need_set, num_entries, replay_boundary
+from pagedprefix.spec.groups import (
+    cacheable,
+    dense_boundaries,
+    first_lookup_class,
+    need_set,
+    num_entries,
+    replay_boundary,
+)
 from pagedprefix.spec.hybrid import config_groups, entry_group
 from pagedprefix.spec.keys import GROUP_KEY_TAG, hash_function, key_group, u32
 
@@ -147,7 +154,7 @@ class HybridBlockManager:
         self._tags = [GROUP_KEY_TAG + u32(g) for g in range(len(self.groups))]
         self._step = [g.block_size // self.h for g in self.groups]  # fine blocks per entry
         self._mamba = [g.kind == "mamba" for g in self.groups]
-        self._fulls = [g for g, group in enumerate(self.groups) if group.kind == "full"]
+        self._first = first_lookup_class(self.groups)  # the junction's groups (spec ``_junction``)
 
     @classmethod
     def create(cls, config: CacheConfig, *, events: bool = False) -> HybridBlockManager:
@@ -262,9 +269,9 @@ class HybridBlockManager:
         return self._longest(fine, num_tokens, range(len(self.groups)))
 
     def _junction(self, fine: Sequence[bytes], num_tokens: int, hit: int) -> int | None:
-        if self._dense or not self._fulls:
+        if self._dense:
             return None
-        longest = self._longest(fine, num_tokens, self._fulls)
+        longest = self._longest(fine, num_tokens, self._first)
         return longest if longest > hit else None
 
     def _deferred(self, fine: Sequence[bytes], hit: int) -> bool:

@@ -222,6 +222,18 @@ def need_set(group: KVCacheGroup, n: int) -> range:
     return range(first_needed(group, n), num_entries(group, n))
 
 
+def first_lookup_class(groups: Sequence[KVCacheGroup]) -> list[int]:
+    """The groups vLLM 0.33.0's ``HybridKVCacheCoordinator`` looks up first, whose own hit is the
+    junction (SEMANTICS.md section 8): its lookup classes (groups with equal specs, looked up
+    jointly) are stably sorted full-attention first, then the others in group order
+    (``verify_and_split_kv_cache_groups``); this is the first class — every group equal to the first
+    full group, or to group 0 when there is none. Indices in group order; ``groups`` must not be
+    empty."""
+    assert groups
+    leader = next((group for group in groups if group.kind == "full"), groups[0])
+    return [g for g, group in enumerate(groups) if group == leader]
+
+
 def replay_boundary(num_tokens: int, align: int) -> int:
     """``floor((P - 1) / A) * A``: where a resend of a ``P``-token prompt resumes (vLLM's
     ``replay_boundaries``, EAGLE's second boundary left out)."""

@@ -30,7 +30,8 @@ The rules, each mirroring vLLM 0.33.0 (HYBRID.md section 7.1):
 - **Registration and retention.** Full and chunked groups key every full block up to
   ``floor(computed / A) * A``. Sliding and Mamba groups key the need sets of the retention
   policy's boundaries: ``replay`` (default) the replay boundary ``floor((P - 1) / A) * A`` and the
-  *junction* (the full-attention groups' hit length, rounded down to ``A``, when it exceeds ``L``),
+  *junction* (the own hit of the group vLLM looks up first — the first full-attention group, else
+  group 0 — rounded down to ``A``, when it exceeds ``L``),
   at admission only; ``dense`` every ``A``-multiple up to ``computed``. The state at boundary ``b``
   lives in Mamba entry ``b / B - 1``: when the request holds that entry its block is keyed,
   otherwise a *checkpoint* block is popped, keyed and released (keyed, evictable) at the end of the
@@ -48,7 +49,8 @@ The rules, each mirroring vLLM 0.33.0 (HYBRID.md section 7.1):
   a shared partial last block applies to full, sliding and chunked groups; a Mamba running state
   that moves to a new entry leaves its old block (the copy source) held until the next append.
 - **fork** shares every entry except each Mamba running state, which is copied into a new block
-  (reported as a copy); it raises ``OutOfBlocks`` when those blocks are not free.
+  (reported as a copy) — a Mamba copy source the parent still holds is shared (the ``exact``
+  choice); it raises ``OutOfBlocks`` when those blocks are not free.
 - **free** drops the request's pending keys, then releases by ``group_free_order``:
   ``group_major`` (each table reversed, group by group) or ``reversed_concat``.
 - **Release batches.** Blocks released together — a group's out-of-window entries, a group's
@@ -86,6 +88,7 @@ from .groups import (
     Groups,
     cacheable,
     dense_boundaries,
+    first_lookup_class,
     full,
     hash_granularity,
     hit_alignment,
@@ -303,12 +306,15 @@ class HybridSpecCache:
         return self._longest_valid(fine, num_tokens, range(len(self.groups)))
 
     def _junction(self, fine: Sequence[bytes], num_tokens: int, hit: int) -> int | None:
-        """Under ``replay``: the full-attention groups' hit length (rounded down to ``A``) when it
-        exceeds ``hit`` — the boundary the admission also retains; ``None`` otherwise."""
-        fulls = [g for g, group in enumerate(self.groups) if group.kind == "full"]
-        if self.config.retention != "replay" or not fulls:
+        """Under ``replay``: the own hit of the group vLLM looks up first (:func:`first_lookup_class`:
+        the first full-attention group, else group 0, with the groups equal to it), over the whole
+        prompt (at most ``num_tokens - 1``, a multiple of ``A``), when it exceeds ``hit`` — the
+        boundary the admission also retains (vLLM 0.33.0's ``longest_hit_length``, kept as
+        ``shared_prefix_boundary``; SEMANTICS.md section 8); ``None`` otherwise. Without a full group
+        it is e.g. a sliding group's own hit, or a chunked group's chunk start."""
+        if self.config.retention != "replay":
             return None
-        longest = self._longest_valid(fine, num_tokens, fulls)
+        longest = self._longest_valid(fine, num_tokens, first_lookup_class(self.groups))
         return longest if longest > hit else None
 
     def _hit_table(self, fine: Sequence[bytes], g: int, hit: int) -> Table:
@@ -671,7 +677,10 @@ class HybridSpecCache:
 
     def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult:
         """The child shares every held entry of the parent (``ref_cnt += 1``) except each Mamba
-        running state, which is copied into a new block (a running state is never shared).
+        running state, which is copied into a new block (a running state is never shared). A Mamba
+        copy source the parent still holds (its old running-state block, the state of the same
+        prefix) is shared too: the spec's ``exact`` choice (SEMANTICS.md section 8; ``core`` and
+        ``maximal`` accept a child that leaves it out).
 
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest` (parent), then
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child), then :class:`OutOfBlocks`

@@ -13,8 +13,10 @@ import os
 import types
 
 import pytest
+from pagedprefix.conformance._hybrid_scenarios import no_full_junction, two_full_sizes
 from pagedprefix.conformance.protocol import UnsupportedConfig
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
+from pagedprefix.conformance.vectors import run_case
 from pagedprefix.spec import (
     CacheConfig,
     Extras,
@@ -22,6 +24,7 @@ from pagedprefix.spec import (
     KVCacheGroup,
     LoRA,
     OutOfBlocks,
+    chunked,
     create_cache,
     full,
     hash_granularity,
@@ -160,6 +163,36 @@ def test_hybrid_groups_drive_the_coordinator(retention: str) -> None:
     else:  # dense keeps the window ending at 12: the sibling resumes there
         assert probe == 12 and second.num_computed_tokens == 12
         assert second.block_tables == ((0, 1, 2, 12), (None, 6, 7, 13))
+
+
+def test_hybrid_no_full_junction_matches_vllm() -> None:
+    """No full-attention group: vLLM's HybridKVCacheCoordinator looks up chunked(8,4) first, and its
+    own hit on a fresh 22-token prompt is the chunk start 16 (``longest_hit_length``; L = 0), so
+    ``shared_prefix_boundary`` = 16 and the SWA group keeps its tail there besides the replay
+    boundary 20: a sibling sharing 17 tokens hits 16 in vLLM and in the spec (SEMANTICS.md section 8;
+    the spec's old full-only junction rule gave 0). The new vectors vLLM can drive (this one, and two
+    full groups of different block sizes whose junction is the first one's own hit) pass."""
+    config = _hybrid((chunked(8, 4), sliding(8, 4)), 40)
+    adapter = _vllm().vllm(config)
+    assert type(adapter.manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+    prompt = list(range(100, 122))
+    sibling = prompt[:17] + [9] * 5
+    results = []
+    for engine in (adapter, create_cache(config)):
+        first = engine.allocate("a", prompt)
+        probe = engine.lookup(sibling)
+        second = engine.allocate("b", sibling)
+        engine.free("a")
+        results.append((first, probe, second, engine.free_blocks()))
+    assert results[0] == results[1]
+    first, probe, second, _ = results[0]
+    assert isinstance(first, HybridAllocation) and isinstance(second, HybridAllocation)
+    assert first.num_computed_tokens == 0 and probe == 16 and second.num_computed_tokens == 16
+    assert second.block_tables[1][2:4] == first.block_tables[1][2:4]  # the tail at the junction
+    for case in [no_full_junction()[0], *two_full_sizes()]:
+        for profile in ("exact", "maximal"):
+            result = run_case(_vllm().vllm, case, profile, "hybrid")
+            assert result.status == "pass", (case["id"], profile, result)
 
 
 def test_hybrid_window_of_one_token() -> None:
