@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol, cast
 
 from pagedprefix.spec import (
@@ -30,6 +31,7 @@ from pagedprefix.spec import (
 )
 from pagedprefix.spec.events import Event, EventBatch, GroupKey
 
+from .channels import Channel, declare_channels
 from .protocol import (
     ADAPTER_PROTOCOL_VERSION,
     ALL_EXTRA_KINDS,
@@ -175,6 +177,35 @@ class SpecAdapter(SpecShapedAdapter):
         return int(self.cache.num_evictions)
 
 
+_SPEC_KEY = "the block key (`spec.block_extra_fields`, SEMANTICS.md section 3)"
+SPEC_CHANNELS: tuple[Channel, ...] = (
+    Channel("tokens", "allocate/lookup(tokens)", True, None,
+            "every request's token ids, one block_size chunk per key, chained to the parent's key"),
+    Channel("lora", "Extras.lora (LoRA(name, lora_id))", True, "lora",
+            f"name and id, as a `TAG_LORA` field of every block of {_SPEC_KEY}"),
+    Channel("cache_salt", "Extras.cache_salt", True, "cache_salt",
+            f"a `TAG_SALT` field of block 0 of {_SPEC_KEY}, chained into every later key; the empty "
+            "salt is no salt"),
+    Channel("mm_items", "Extras.mm_items (MultiModalItem(hash, start, length))", True, "mm",
+            f"a `TAG_MM` field of each block an item overlaps, with its offset, in {_SPEC_KEY}"),
+    Channel("prompt_embeds", "Extras.prompt_embeds", True, "prompt_embeds",
+            f"a `TAG_EMBEDS` field of each block with embedded positions, in {_SPEC_KEY}"),
+)
+"""What reaches the spec's and impl's keys (and events): the token ids and the four extra kinds."""
+
+RADIX_CHANNELS: tuple[Channel, ...] = (
+    Channel("tokens", "allocate/lookup(tokens)", True, None,
+            "every request's token ids: the tree's edges compare page contents"),
+    *(
+        replace(c, reason="the same typed field as in the spec (`spec.block_extra_fields`), part of each "
+                "page's content, compared exactly along the path")
+        for c in SPEC_CHANNELS[1:]
+    ),
+)
+"""What reaches the radix engine's tree: token ids per page, under the request's extras."""
+
+
+@declare_channels(SPEC_CHANNELS)
 def spec(config: CacheConfig) -> PrefixCacheAdapter:
     """Factory of the spec adapter (``pagedprefix.conformance.adapters:spec``), events on."""
     return SpecAdapter(config, events=True)
@@ -201,6 +232,7 @@ def impl_available() -> bool:
     return True
 
 
+@declare_channels(SPEC_CHANNELS)
 def impl(config: CacheConfig) -> PrefixCacheAdapter:
     """Factory of the optimized implementation (``pagedprefix.conformance.adapters:impl``), events on
     (for the one full-attention group; the hybrid manager records none)."""
@@ -232,6 +264,7 @@ RADIX_CAPABILITIES = Capabilities(
 duplicates kept privately, keys published at allocation, a pure ``lookup``."""
 
 
+@declare_channels(RADIX_CHANNELS)
 def radix(config: CacheConfig) -> PrefixCacheAdapter:
     """Factory of the radix-tree engine (``pagedprefix.conformance.adapters:radix``).
 

@@ -372,16 +372,27 @@ def _matrix_run(
     engines: list[MatrixEngine], out: Path, json_path: Path | None, check: bool, seed: int
 ) -> None:
     """Run the matrix's cells, then write or check it (in the supervised child)."""
-    from .matrix import render_markdown, run_cells, to_json
+    from .matrix import channel_gaps, declared_channels, render_markdown, run_cells, to_json
 
+    try:
+        channels = {e.name: declared_channels(e.name) for e in engines}
+    except ValueError as exc:
+        raise fail_user(f"matrix: malformed channel declaration: {exc}") from None
     cells = []
     for e in engines:
         print(f"matrix: {e.name} ...", file=sys.stderr, flush=True)
         cells += run_cells(e, _trace_groups(), seed)
-    text = render_markdown(cells, seed) + "".join(section() for section in _MATRIX_SECTIONS)
+    text = render_markdown(cells, seed, channels) + "".join(section() for section in _MATRIX_SECTIONS)
     if json_path is not None:
         json_path.write_text(json.dumps(to_json(cells), indent=1) + "\n", encoding="utf-8")
+    gaps = channel_gaps(cells, channels)
+    for line in gaps:  # a driven channel no example reached: the declaration or the runner is wrong
+        print(line, file=sys.stderr)
     if check:
+        if out.read_text(encoding="utf-8") == text and gaps:
+            print(f"{out}: identical to a regeneration, but {len(gaps)} driven channels were not reached",
+                  file=sys.stderr)
+            raise typer.Exit(1)
         if out.read_text(encoding="utf-8") != text:
             print(
                 f"{out} differs from a regeneration (run pagedprefix matrix to update it):", file=sys.stderr
@@ -400,6 +411,8 @@ def _matrix_run(
         raise typer.Exit(0)
     out.write_text(text, encoding="utf-8")
     print(f"wrote {out} ({len(cells)} cells)")
+    if gaps:
+        raise typer.Exit(1)
 
 
 # The real-trace slice lives in ``pagedprefix.replay``, a layer above this package: the app that

@@ -39,6 +39,7 @@ from typing import Any
 from pagedprefix.spec import PrefixCacheError, RequestId
 from pagedprefix.spec.cache import request_sort_key
 
+from .channels import note_request
 from .codec import Json, error_kind, extra_kinds_of, extras_from_json
 from .event_check import cached_keys_json, check_events_json, events_json
 from .properties import Violation
@@ -122,6 +123,7 @@ def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
     op = step["op"]
     if op == "allocate":
         extras = extras_from_json(step.get("extras"))
+        note_request(step.get("extras"))
         alloc = adapter.allocate(step["request_id"], step["tokens"], extras)
         computed = _int(alloc.num_computed_tokens, "num_computed_tokens")
         if hasattr(alloc, "block_tables"):
@@ -151,9 +153,11 @@ def _run(adapter: PrefixCacheAdapter, step: Step) -> dict[str, Json]:
         adapter.free(step["request_id"])
         return {}
     if op == "lookup":
+        lookup_extras = extras_from_json(step.get("extras"))
+        note_request(step.get("extras"))
         return {
             "num_computed_tokens": _int(
-                adapter.lookup(step["tokens"], extras_from_json(step.get("extras"))), "lookup"
+                adapter.lookup(step["tokens"], lookup_extras), "lookup"
             )
         }
     if op == "reset":

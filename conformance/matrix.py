@@ -18,14 +18,17 @@ verdict, the precise reason from ``notes.NOT_DRIVEN``: nothing of it runs.
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .channels import Channel, channels_of, unreached
 from .engines.notes import ABOUT, NOT_DRIVEN, NOTES, PASS_NOTE
-from .protocol import Capabilities, EngineUnavailable
+from .protocol import Capabilities, EngineUnavailable, import_factory
 from .suite import (
+    ENGINE_SHORT_NAMES,
     CheckGroup,
     CheckResult,
     SuiteOptions,
@@ -74,6 +77,7 @@ class Cell:
     skipped: list[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""
+    reached: dict[str, int] = field(default_factory=dict)  # the run's SuiteReport.reached
 
 
 def version_of(distribution: str) -> str | None:
@@ -132,9 +136,51 @@ def _cell(engine: str, version: str, profile: str, report: SuiteReport) -> Cell:
     failing = [r for r in report.rows if r.status == "fail"]
     skipped = [r for r in report.rows if r.status == "skip" and r.kind in ("capability", "property", "group")]
     cell = Cell(engine, version, profile, verdict, failing, skipped, report.seconds)
+    cell.reached = dict(report.reached)
     if report.errors:
         cell.error = "; ".join(report.errors)
     return cell
+
+
+def declared_channels(name: str) -> tuple[Channel, ...]:
+    """The channels the factory ``name`` denotes declares (:mod:`pagedprefix.conformance.channels`),
+    read in this process: a shipped short name or ``module:factory`` is imported here (its module
+    must import without its engine, as the shipped ones do: they load the engine on first use).
+    ``()`` for a ``jsonl:`` engine or one that cannot be imported (its cells say why). Raises
+    ``ValueError`` for a malformed declaration."""
+    if name.startswith("jsonl:"):
+        return ()
+    try:
+        factory = import_factory(name, ENGINE_SHORT_NAMES)
+    except EngineUnavailable:
+        return ()
+    return channels_of(factory)
+
+
+def channel_gaps(cells: Sequence[Cell], channels: Mapping[str, Sequence[Channel]]) -> list[str]:
+    """One line per driven channel that no run of its engine reached (engines with no run, e.g.
+    not installed, are not judged): what ``matrix --check`` fails on."""
+    lines = []
+    for engine, declared in channels.items():
+        ran = [c for c in cells if c.engine == engine and c.profile != "-"]
+        if not ran:
+            continue
+        reached = _union(ran)
+        for ch in unreached(declared, reached):
+            kind = ch.spec_extra_kind
+            carried = f"requests with the spec's {kind} extras" if kind else "requests"
+            lines.append(
+                f"matrix: {engine} declares channel {ch.name!r} ({ch.engine_input}) driven, but none of "
+                f"its {len(ran)} runs sent it {carried}"
+            )
+    return lines
+
+
+def _union(cells: Sequence[Cell]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for c in cells:
+        total.update(c.reached)
+    return total
 
 
 def explain(engine: str, row: CheckResult) -> str:
@@ -155,8 +201,12 @@ def _skipped_note(engine: str, row: CheckResult) -> str | None:
     return None
 
 
-def render_markdown(cells: Sequence[Cell], seed: int = 0) -> str:
-    """``docs/MATRIX.md`` (deterministic: no timings)."""
+def render_markdown(
+    cells: Sequence[Cell], seed: int = 0, channels: Mapping[str, Sequence[Channel]] | None = None
+) -> str:
+    """``docs/MATRIX.md`` (deterministic: no timings). ``channels``: each engine's declared
+    channels (:func:`declared_channels`), printed as its "Channels" table."""
+    channels = channels or {}
     lines = [
         "# Conformance matrix",
         "",
@@ -174,9 +224,40 @@ def render_markdown(cells: Sequence[Cell], seed: int = 0) -> str:
         lines.append(f"| {c.engine} | {c.version} | {c.profile} | {c.verdict} | {failing} | {skipped} |")
     for engine in dict.fromkeys(c.engine for c in cells):
         lines += ["", f"## {engine}", "", ABOUT.get(engine, "an engine given with `--engine`.")]
+        lines += _channel_section(channels.get(engine, ()), [c for c in cells if c.engine == engine])
         for c in (c for c in cells if c.engine == engine):
             lines += _cell_section(c)
     return "\n".join(lines) + "\n"
+
+
+def _channel_section(declared: Sequence[Channel], cells: Sequence[Cell]) -> list[str]:
+    """The engine's "Channels" table: each declared input of the engine that affects its cache key
+    or events, whether the adapter drives it, the spec extra kind it carries, whether the runs
+    reached it (``no``: ``matrix --check`` fails) and how or why not."""
+    if not declared:
+        return ["", "Channels: none declared (conformance/README.md, \"Declaring channels\")."]
+    ran = [c for c in cells if c.profile != "-"]
+    reached = _union(ran)
+    lines = [
+        "",
+        "### Channels",
+        "",
+        "| channel | engine input | driven | carries | reached | how, or why not |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ch in declared:
+        if not ch.driven:
+            hit = "-"
+        elif not ran:
+            hit = "not run"
+        else:
+            hit = "yes" if reached.get(ch.reach, 0) > 0 else "**no**"
+        carries = f"`{ch.spec_extra_kind}`" if ch.spec_extra_kind else ("every request" if ch.driven else "-")
+        lines.append(
+            f"| `{ch.name}` | `{ch.engine_input}` | {'yes' if ch.driven else 'no'} | {carries} | {hit} | "
+            f"{ch.reason} |"
+        )
+    return lines
 
 
 def _cell_section(c: Cell) -> list[str]:
@@ -212,6 +293,7 @@ def to_json(cells: Sequence[Cell]) -> list[dict[str, Any]]:
             "failing": [r.to_json() | {"explanation": explain(c.engine, r)} for r in c.failing],
             "skipped": [r.to_json() for r in c.skipped],
             "error": c.error,
+            "reached": dict(sorted(c.reached.items())),
         }
         for c in cells
     ]

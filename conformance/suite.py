@@ -25,6 +25,7 @@ from typing import Any
 
 from pagedprefix.spec import CacheConfig, PrefixCacheError
 
+from .channels import recording
 from .properties import PROPERTIES, Violation, profile_rank
 from .protocol import (
     EXTRA_KIND_ORDER,
@@ -138,6 +139,9 @@ class SuiteReport:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)  # e.g. a stale protocol_version; no verdict
+    reached: dict[str, int] = field(default_factory=dict)
+    """Requests the run sent to the engine, per reach marker (``"request"`` and each extra kind
+    their extras used; :mod:`pagedprefix.conformance.channels`)."""
 
     @property
     def ok(self) -> bool:
@@ -175,6 +179,7 @@ class SuiteReport:
             "capabilities": None if self.capabilities is None else self.capabilities.to_json(),
             "errors": self.errors,
             "warnings": self.warnings,
+            "reached": dict(sorted(self.reached.items())),
             "rows": [r.to_json() for r in self.rows],
             "vectors": None
             if vec is None
@@ -388,7 +393,7 @@ def run_suite(
     start = time.perf_counter()
     report = SuiteReport(engine_name, options)
     limit = None if getattr(factory, "isolated", False) else options.call_timeout
-    with harness_signals(), limit_in_process_calls(limit):
+    with harness_signals(), limit_in_process_calls(limit), recording() as reached:
         try:
             _run_all(factory, options, report, progress, extra_groups, start)
         except EngineLost as lost:
@@ -398,6 +403,8 @@ def run_suite(
             if exited is None:
                 raise
             _lost_row(report, exited)
+        finally:
+            report.reached = dict(reached)
     if report.ok and not judged(report):
         why = "every case was skipped (capabilities, profile, options): a run that judged nothing is no pass"
         report.rows.append(CheckResult("nothing-judged", "property", "fail", why))

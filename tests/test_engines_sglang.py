@@ -17,6 +17,7 @@ from array import array
 from typing import Any
 
 import pytest
+from pagedprefix.conformance.channels import channels_of, unreached
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
 from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
 
@@ -105,6 +106,8 @@ def test_suite_verdicts(factory: str) -> None:
     options = SuiteOptions(profile="maximal", max_examples=60)
     report = run_suite(getattr(engine, factory), options, engine_name=factory, extra_groups=[])
     assert report.errors == [] and report.exit_code == 0, [r for r in report.rows if r.status == "fail"]
+    # every channel the adapter declares driven was reached by this run's requests (issue 22)
+    assert unreached(channels_of(getattr(engine, factory)), report.reached) == [], report.reached
     properties = {r.name: r.status for r in report.rows if r.kind == "property"}
     for name in (
         "held-blocks",
@@ -124,6 +127,20 @@ def test_suite_verdicts(factory: str) -> None:
 
 def _root_keys(adapter: object) -> set[object]:
     return set(adapter.tree.root_node.children)  # type: ignore[attr-defined]
+
+
+def test_extra_key_variant_reaches_its_driven_channels() -> None:
+    """The ``sglang-extra-key`` rows send salts through ``extra_key`` and LoRAs through ``lora_id``:
+    a short run reaches both (its verdict is in docs/MATRIX.md), and ``cache_salt`` is declared
+    not driven there."""
+    engine = _sglang()
+    report = run_suite(engine.sglang_extra_key, SuiteOptions(profile="core", max_examples=30),
+                       engine_name="sglang-extra-key", extra_groups=[])
+    declared = {c.name: c for c in channels_of(engine.sglang_extra_key)}
+    assert declared["extra_key"].driven and declared["extra_key"].spec_extra_kind == "cache_salt"
+    assert not declared["cache_salt"].driven
+    assert report.reached.get("cache_salt", 0) > 0 and report.reached.get("lora", 0) > 0
+    assert unreached(tuple(declared.values()), report.reached) == [], report.reached
 
 
 def test_extra_key_variant_sends_the_salt_as_sglang_extra_key() -> None:

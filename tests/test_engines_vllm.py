@@ -14,6 +14,7 @@ import types
 
 import pytest
 from pagedprefix.conformance._hybrid_scenarios import no_full_junction, two_full_sizes
+from pagedprefix.conformance.channels import channels_of, unreached
 from pagedprefix.conformance.protocol import UnsupportedConfig
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
 from pagedprefix.conformance.vectors import run_case
@@ -102,6 +103,8 @@ def test_suite_verdicts(profile: str) -> None:
     options = SuiteOptions(profile=profile, max_examples=60)
     report = run_suite(engine.vllm, options, engine_name="vllm", extra_groups=[])
     assert report.errors == [], report.errors
+    # every channel the adapter declares driven was reached by this run's requests (issue 22)
+    assert unreached(channels_of(engine.vllm), report.reached) == [], report.reached
     rows = {r.name: r for r in report.rows}
     properties = {r.name: r.status for r in report.rows if r.kind == "property"}
     events = {"event-index", "event-sequence", "event-parents", "event-extras"}  # vllm-events' rows
@@ -255,6 +258,7 @@ def test_event_verdict() -> None:
     engine = _vllm()
     options = SuiteOptions(profile="core", max_examples=150)
     report = run_suite(engine.vllm_with_events, options, engine_name="vllm-events", extra_groups=[])
+    assert unreached(channels_of(engine.vllm_with_events), report.reached) == [], report.reached
     rows = {r.name: r for r in report.rows}
     assert {r.name for r in report.rows if r.status == "fail"} == {"event-extras", "vectors: extras"}
     assert report.vectors is not None

@@ -173,6 +173,7 @@ from pagedprefix.spec import (
     UnknownRequest,
 )
 
+from ..channels import Channel, declare_channels
 from ..protocol import (
     ADAPTER_PROTOCOL_VERSION,
     AdapterBase,
@@ -620,12 +621,75 @@ class SglangAdapter(AdapterBase):
         self.pending.clear()
 
 
+_SCHEDULE_BATCH = "`schedule_batch.py`"
+
+
+def _channels(salt_as: str, tree: str) -> tuple[Channel, ...]:
+    """SGLang 0.5.23's inputs that affect a page's key in the tree (``RadixKey``) or its events,
+    for a variant sending the spec's salt as ``salt_as`` into the ``tree`` kind."""
+    by_extra_key = salt_as == "extra_key"
+    unified = tree == "unified"
+    return (
+        Channel("origin_input_ids", "Req(origin_input_ids=...) -> RadixKey.token_ids", True, None,
+                "every request's tokens; the tree matches them page by page (page_size = the spec's "
+                "block_size)"),
+        Channel("lora_id", "Req(lora_id=...)", True, "lora",
+                "the spec LoRA as a 32-hex-digit uuid5 (like the registry's uuid4 hex); `Req.__init__` "
+                f"({_SCHEDULE_BATCH}) appends it to `extra_key`, with no separator"),
+        Channel("extra_key", "Req(extra_key=...) -> RadixKey.extra_key", by_extra_key,
+                "cache_salt" if by_extra_key else None,
+                "the spec's salt, as the client-supplied `extra_key` (`GenerateReqInput.extra_key`); the "
+                "tree namespaces every edge by it (`RadixKey.child_key_at`)" if by_extra_key else
+                "always `None` here (the salt goes to `cache_salt`; only a LoRA's id reaches it); the "
+                "`sglang-extra-key` rows send the salt through it"),
+        Channel("cache_salt", "Req(cache_salt=...) -> RadixKey.cache_salt", not by_extra_key,
+                None if by_extra_key else "cache_salt",
+                "always `None` in these rows: the salt travels as `extra_key`; the `sglang` rows drive it"
+                if by_extra_key else
+                "the spec's salt (its empty salt as `None`); a separate `RadixKey` field, namespacing the "
+                "tree and the KV events"),
+        Channel("mm_pad_values", "MultimodalDataItem.pad_value in origin_input_ids (pad_input_tokens)", False,
+                "mm", "SGLang keys an item by replacing its tokens with pad values derived from the item "
+                "(`managers/mm_utils.py`), so it reaches the tree as token ids; needs its multimodal "
+                "processor and a model"),
+        Channel("input_embeds", "Req(input_embeds=...)", False, "prompt_embeds",
+                "`RadixKey` has no field for embeddings (`radix_cache.py`); the request needs a model's "
+                "embedding vectors"),
+        Channel("is_bigram", "RadixKey(is_bigram=True)", False, None,
+                "EAGLE-style speculative trees key token pairs; the driven runtime has no speculative "
+                "algorithm (`speculative_algorithm=None`, ServerArgs' default)"),
+        Channel("tree_components", "UnifiedRadixCache(tree_components=...)" if unified
+                else "RadixCache (full attention only)", unified, None,
+                "`(ComponentType.FULL,)`, what `create_unified_radix_cache` builds for a full-attention "
+                "model; the SWA and Mamba components need hybrid configs this adapter does not map"
+                if unified else
+                "the tree of a full-attention model; SWA and Mamba trees are other classes, not driven "
+                "by this adapter"),
+        Channel("enable_kv_cache_events", "CacheInitParams.enable_kv_cache_events", False, None,
+                "off (SGLang's default): the adapter does not map SGLang's events yet "
+                "(`KVCacheEventRecorder` "
+                "in `mem_cache/events.py`)"),
+    )
+
+
+SGLANG_CHANNELS = _channels("cache_salt", "radix")
+"""The channels of ``--engine sglang`` (:mod:`pagedprefix.conformance.channels`)."""
+SGLANG_UNIFIED_CHANNELS = _channels("cache_salt", "unified")
+"""The channels of ``--engine sglang-unified``."""
+SGLANG_EXTRA_KEY_CHANNELS = _channels("extra_key", "radix")
+"""The channels of ``--engine sglang-extra-key``."""
+SGLANG_UNIFIED_EXTRA_KEY_CHANNELS = _channels("extra_key", "unified")
+"""The channels of ``--engine sglang-unified-extra-key``."""
+
+
+@declare_channels(SGLANG_UNIFIED_CHANNELS)
 def sglang_unified(config: CacheConfig) -> SglangAdapter:
     """SGLang 0.5.23's default server cache, ``UnifiedRadixCache`` with one full-attention component
     (``--engine pagedprefix.conformance.engines.sglang:sglang_unified``)."""
     return SglangAdapter(config, tree="unified")
 
 
+@declare_channels(SGLANG_EXTRA_KEY_CHANNELS)
 def sglang_extra_key(config: CacheConfig) -> SglangAdapter:
     """SGLang's ``RadixCache`` with the spec's salt sent as SGLang's client-supplied ``extra_key``
     instead of its ``cache_salt`` (``--engine sglang-extra-key``; see "Extras" in the module
@@ -687,12 +751,14 @@ def swa_cache(block_size: int, full_pages: int, swa_pages: int, window: int, *, 
     return SwaCache(tree, allocator, pool)
 
 
+@declare_channels(SGLANG_UNIFIED_EXTRA_KEY_CHANNELS)
 def sglang_unified_extra_key(config: CacheConfig) -> SglangAdapter:
     """SGLang's ``UnifiedRadixCache`` (the server's default tree) with the spec's salt sent as
     ``extra_key`` (``--engine sglang-unified-extra-key``; "Extras" in the module docstring)."""
     return SglangAdapter(config, tree="unified", salt_as="extra_key")
 
 
+@declare_channels(SGLANG_CHANNELS)
 def sglang(config: CacheConfig) -> SglangAdapter:
     """The conformance factory (``--engine pagedprefix.conformance.engines.sglang:sglang``)."""
     return SglangAdapter(config)

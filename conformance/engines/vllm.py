@@ -167,6 +167,7 @@ from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored,
 from pagedprefix.spec.extras import TAG_LORA, ExtraField
 from pagedprefix.spec.hybrid import config_groups
 
+from ..channels import Channel, declare_channels
 from ..event_check import UNTAGGED
 from ..protocol import ADAPTER_PROTOCOL_VERSION, AdapterBase, Capabilities, UnsupportedConfig
 from . import _harness
@@ -693,6 +694,89 @@ class VllmHybridAdapter(VllmAdapter):
         return self._tables(vid)
 
 
+_KCU = "`kv_cache_utils."
+_CHANNELS_COMMON: tuple[Channel, ...] = (
+    Channel("prompt_token_ids", "Request(prompt_token_ids=...)", True, None,
+            "every request's tokens, hashed per full block by `get_request_block_hasher` "
+            "(`hash_block_tokens`: `(parent, tokens, extra_keys)`)"),
+    Channel("lora_name", "LoRARequest.lora_name", True, "lora",
+            "the spec LoRA's name; keyed as `(\"lora\", lora_name, lora_path)` on every block "
+            f"({_KCU}_gen_lora_extra_hash_keys`)"),
+    Channel("lora_path", "LoRARequest.lora_path", True, "lora",
+            "carries the spec LoRA's id (`pagedprefix-lora-id:{id}`): the part of vLLM's LoRA key "
+            "that keeps two adapters of one name apart"),
+    Channel("lora_int_id", "LoRARequest.lora_int_id", True, "lora",
+            "sent as the spec id + 1 (`LoRARequest.__post_init__` wants >= 1); not part of the key, "
+            "published only as the deprecated `BlockStored.lora_id`"),
+    Channel("cache_salt", "Request(cache_salt=...)", True, "cache_salt",
+            "keyed as `(\"cache_salt\", salt)` in block 0 only "
+            f"({_KCU}generate_block_hash_extra_keys`); the spec's empty salt is sent as `None`"),
+    Channel("mm_features", "Request(mm_features=[MultiModalFeatureSpec(identifier, mm_position)])", False,
+            "mm", "keyed as `(\"mm\", identifier, offset - block start)` on each block an item overlaps "
+            f"({_KCU}_gen_mm_extra_hash_keys`), but `vllm.multimodal.inputs` does not import without "
+            "Pillow and the model-input stack"),
+    Channel("prompt_embeds", "Request(prompt_embeds=tensor)", False, "prompt_embeds",
+            f"keyed by a SHA-256 of each block's rows ({_KCU}_gen_prompt_embeds_extra_hash_keys`), but "
+            "they cover the whole prompt where the spec embeds some positions, and need a model's tensors"),
+    Channel("hash_fn", "CacheConfig.prefix_caching_hash_algo (get_hash_fn_by_name)", True, None,
+            "the spec's `sha256` -> `sha256`, `xxh3_128` -> `xxhash`; `sha256_cbor` and `xxhash_cbor` "
+            "have no spec counterpart, `weak8` none in vLLM (`UnsupportedConfig`)"),
+    Channel("none_hash_seed", "PYTHONHASHSEED (init_none_hash)", False, None,
+            "the root key's seed (sha256: the fixed `vllm-none-hash`, xxhash: random per process); the "
+            "adapter leaves the environment alone, so the spec's `hash_seed` is not mapped"),
+    Channel("hash_block_size", "get_request_block_hasher(hash_block_size, ...)", True, None,
+            "the spec's block_size (hybrid configs: the gcd of the groups' block sizes)"),
+    Channel("num_hash_lookahead_tokens", "get_request_block_hasher(num_hash_lookahead_tokens=L)", False, None,
+            "a speculative drafter's lookahead (each key also covers the next L tokens); 0 without "
+            "speculative decoding, and the spec has no lookahead"),
+    Channel("skip_reading_prefix_cache", "SamplingParams.skip_reading_prefix_cache", False, None,
+            "a request that reads no hit (`KVCacheManager.get_computed_blocks`); the spec has no such "
+            "request flag, so it is left unset (the cache is read)"),
+    Channel("kv_cache_groups", "KVCacheConfig.kv_cache_groups (BlockHashWithGroupId)", True, None,
+            "hybrid configs: one `FullAttentionSpec` / `SlidingWindowSpec` / `ChunkedLocalAttentionSpec` "
+            "per group (`VllmHybridAdapter`); `MambaSpec` groups are not driven (module docstring)"),
+    Channel("prefix_cache_retention_interval", "KVCacheConfig.prefix_cache_retention_interval", True, None,
+            "hybrid configs: the spec's retention `replay` -> 0, `dense` -> `None`"),
+)
+"""vLLM 0.33's inputs that affect a block's key, driven or not (both factories)."""
+_HYBRID_CHANNELS = ("kv_cache_groups", "prefix_cache_retention_interval")
+
+_REPORT_MODE = (
+    "with `\"full\"`, a hit re-publishes `BlockStored` for the reused blocks "
+    "(`KVCacheManager.get_computed_blocks`, `emit_cached_block_events`)"
+)
+VLLM_CHANNELS: tuple[Channel, ...] = (
+    *_CHANNELS_COMMON,
+    Channel("enable_kv_cache_events", "KVCacheManager(enable_kv_cache_events=...)", False, None,
+            "off here (vLLM's default); its event stream is judged in the `vllm-events` rows"),
+    Channel("kv_cache_report_mode", "SamplingParams.extra_args[\"kv_cache_report_mode\"]", False, None,
+            f"{_REPORT_MODE}; no events are on in these rows"),
+)
+"""The channels of ``--engine vllm`` (:mod:`pagedprefix.conformance.channels`)."""
+
+_ONE_GROUP = (
+    "`vllm_with_events` builds the one full-attention group only (capability `groups` empty), so "
+    "hybrid configs are not sent to these rows; the `vllm` rows drive them"
+)
+VLLM_EVENTS_CHANNELS: tuple[Channel, ...] = (
+    *(
+        replace(c, driven=False, reason=_ONE_GROUP) if c.name in _HYBRID_CHANNELS else c
+        for c in _CHANNELS_COMMON
+    ),
+    Channel("enable_kv_cache_events", "KVCacheManager(enable_kv_cache_events=...)", True, None,
+            "on: `BlockPool` queues `BlockStored` / `BlockRemoved` / `AllBlocksCleared`, taken after "
+            "every operation"),
+    Channel("kv_cache_report_mode", "SamplingParams.extra_args[\"kv_cache_report_mode\"]", False, None,
+            f"{_REPORT_MODE}; left at `\"incremental\"` (`extra_args=None`): the spec's event model "
+            "(SEMANTICS.md section 9) stores a block once"),
+    Channel("int_block_hashes", "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", False, None,
+            "left at its default 1: events carry the low 64 bits of each key as an int "
+            "(`maybe_convert_block_hash`), mapped to 8 big-endian bytes"),
+)
+"""The channels of ``--engine vllm-events``."""
+
+
+@declare_channels(VLLM_CHANNELS)
 def vllm(config: CacheConfig) -> VllmAdapter:
     """The conformance factory: ``pagedprefix conform --engine pagedprefix.conformance.engines.vllm:vllm``
     (a hybrid config gets :class:`VllmHybridAdapter`)."""
@@ -701,6 +785,7 @@ def vllm(config: CacheConfig) -> VllmAdapter:
     return VllmAdapter(config)
 
 
+@declare_channels(VLLM_EVENTS_CHANNELS)
 def vllm_with_events(config: CacheConfig) -> VllmAdapter:
     """Like :func:`vllm`, with vLLM's KV-cache event queue on and capability ``events``
     (``--engine vllm-events``): ``take_events()`` maps vLLM's events onto the spec's,
