@@ -198,13 +198,14 @@ def _exited(call: str, exc: BaseException) -> BaseException:
 OP_CALLS = {"reset": "reset_prefix_cache"}
 
 
-def call_engine_raw(what: str, call: Any) -> Any:
-    """``call()`` under the in-process limit; spec errors, ``UnsupportedConfig`` and
+def call_engine_raw(what: str, call: Any, *, start: bool = False) -> Any:
+    """``call()`` under the in-process limit (``start``: a factory call, under the start limit,
+    :func:`~pagedprefix.conformance.watchdog.guarded`); spec errors, ``UnsupportedConfig`` and
     ``EngineUnavailable`` (the engine cannot be loaded: a user error) pass through, anything else
     (but :class:`EngineLost`) becomes an ``engine-errors`` violation; a ``BaseException``
     that is not an ``Exception`` ends the run (``EngineExited``)."""
     try:
-        with guarded(what):
+        with guarded(what, start=start):
             return call()
     except (EngineLost, EngineUnavailable, PrefixCacheError, UnsupportedConfig):
         raise

@@ -210,7 +210,7 @@ def build_adapter(factory: AdapterFactory, config: CacheConfig) -> PrefixCacheAd
     (``UnsupportedConfig``, a spec error), and an ``engine-errors`` :class:`Violation` for any other
     exception or for a product that is not an adapter."""
     what = f"the factory, for config {config_to_json(config)}"
-    adapter: PrefixCacheAdapter = call_engine_raw(what, lambda: factory(config))
+    adapter: PrefixCacheAdapter = call_engine_raw(what, lambda: factory(config), start=True)
     adapter_capabilities(adapter)
     return adapter
 

@@ -416,7 +416,7 @@ def _run_config_error(
     case_id = str(case["id"])
     want = case["config_error"]
     try:
-        adapter = call_engine_raw("the factory", lambda: factory(config))
+        adapter = call_engine_raw("the factory", lambda: factory(config), start=True)
     except PrefixCacheError as exc:
         kind = error_kind(exc)
         if kind == want:

@@ -206,6 +206,12 @@ def describe_exception(exc: BaseException) -> str:
     return text
 
 
-def guarded(call: str) -> contextlib.AbstractContextManager[None]:
-    """:func:`call_limit` with the current in-process limit."""
-    return call_limit(call, _limit[0])
+def guarded(call: str, *, start: bool = False) -> contextlib.AbstractContextManager[None]:
+    """:func:`call_limit` with the current in-process limit; ``start`` (a factory call, which may
+    import the engine, as a worker's ``create`` does) gets at least :data:`DEFAULT_START_TIMEOUT`:
+    an alarm in the middle of a first import would leave the engine's modules half-imported and
+    every later call failing (a false FAIL on a loaded machine)."""
+    seconds = _limit[0]
+    if start and seconds is not None:
+        seconds = max(seconds, DEFAULT_START_TIMEOUT)
+    return call_limit(call, seconds)

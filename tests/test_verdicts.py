@@ -255,3 +255,39 @@ def test_matrix_fails_the_cell_of_an_engine_that_exits_and_goes_on(
     cells = run_cells(MatrixEngine("hostile_eng:exit0", ""), [], 0)
     assert [c.verdict for c in cells] == ["FAIL", "FAIL"]  # its strongest profile, then core
     assert all("exited with status 0 during allocate" in c.failing[0].detail for c in cells)
+
+
+def test_a_slow_first_factory_call_gets_the_start_limit_not_the_call_limit() -> None:
+    # An in-process adapter imports its engine on the first factory call (vLLM: torch, sympy, ...).
+    # Under the 2-s call limit an alarm mid-import left the engine half-imported and the run a
+    # false FAIL on a loaded machine; the factory now gets the start limit (120 s), as a worker's
+    # ``create`` does, and a slow *operation* is still stopped by the call limit.
+    calls = []
+
+    def slow_import(config: CacheConfig) -> Any:
+        if not calls:
+            time.sleep(3.0)  # a first import, longer than the call limit
+        calls.append(config)
+        return impl(config)
+
+    options = SuiteOptions(max_examples=5, builtin_vectors=True, call_timeout=2.0)
+    report = run_suite(slow_import, options, extra_groups=[])
+    assert report.exit_code == 0, [(r.name, r.detail) for r in report.rows if r.status == "fail"]
+    assert len(calls) > 1
+
+    class SlowAllocate:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+            self.capabilities = inner.capabilities
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        def allocate(self, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(3.0)
+            return self._inner.allocate(*args, **kwargs)
+
+    report = run_suite(lambda c: SlowAllocate(impl(c)), options, extra_groups=[])
+    fails = [r for r in report.rows if r.status == "fail"]
+    assert report.exit_code == 1 and fails[-1].name == "engine-errors"
+    assert "allocate did not return within 2 s" in fails[-1].detail
