@@ -320,6 +320,9 @@ def _observe_groups(
             ]
             keys.append([rid, [[None if h is None else bytes(h).hex() for h in t] for t in hashes]])
         obs["keys"] = keys
+    if caps.events:
+        obs["cached_keys"] = cached_keys_json(call_engine("cached_keys()", adapter.cached_keys))  # type: ignore[attr-defined]
+        obs["events"] = events_json(call_engine("take_events()", adapter.take_events))  # type: ignore[attr-defined]
     return _checked_observation(obs, num_blocks)
 
 
