@@ -170,7 +170,13 @@ class EventChecker:
             a chunk, a Mamba checkpoint) whose parent is the key the entry before would have, stored
             or not (``spec/events.py``): an unknown parent of such a group is no violation, and its
             block is placed by its tokens alone (a block of some request the engine was given, at a
-            position the operation keyed when that is known).
+            position the operation keyed when that is known). With more than one block size, a
+            *partial entry* is accepted too: a run whose ``block_size`` is a multiple of the hash
+            granularity ``h = gcd(B_g)`` dividing ``B_g`` (vLLM 0.33's
+            ``BlockPool.cache_partial_block`` keys a prompt tail that ends inside a block of the
+            group under the chain hash there, as one ``h``-token run whose parent is the ``h``-block
+            before); it is counted like any block and placed like a sparse group's. The spec never
+            emits one (sub-``A`` hits are left out, SEMANTICS.md section 8).
     """
 
     def __init__(
@@ -178,6 +184,7 @@ class EventChecker:
     ) -> None:
         self.B = block_size
         self.fail = fail
+        self.hybrid = bool(groups)
         self.groups: tuple[tuple[str, int], ...] = tuple(groups) if groups else (("full", block_size),)
         self.h = math.gcd(*(size for _, size in self.groups))
         """The finest block size: given prefixes are remembered at every multiple of it."""
@@ -196,7 +203,7 @@ class EventChecker:
         """The engine now holds ``tokens`` for a request (an admission or a decode)."""
         for end in range(self.h, len(tokens) + 1, self.h):
             self.given.add(tuple(tokens[:end]))
-        for kind, size in self.groups:
+        for kind, size in self.groups + (("partial", self.h),):
             if kind != "full":
                 for end in range(size, len(tokens) + 1, size):
                     self.given_blocks.add((size, tuple(tokens[end - size : end])))
@@ -275,14 +282,20 @@ class EventChecker:
                 f"{len(self.groups)} KV-cache group{'s' if len(self.groups) > 1 else ''}",
             )
         kind, size = self.groups[e.group]
+        # A partial entry (vLLM 0.33's BlockPool.cache_partial_block): a prompt tail ending inside
+        # one of the group's blocks keyed at the hash granularity h; its parent is the h-block before.
+        partial = e.block_size < size and e.block_size % self.h == 0 and size % e.block_size == 0
+        if partial:
+            kind, size = "partial", e.block_size
         if e.block_size != size or len(e.token_ids) != n * e.block_size:
-            where = f"group {e.group}'s block size is {size}" if len(self.groups) > 1 else (
+            where = f"group {e.group}'s block size is {size}" if self.hybrid else (
                 f"the cache's block size is {size}"
             )
             self.fail(
                 "event-index",
                 f"{what} published BlockStored of {n} keys with {len(e.token_ids)} tokens and block_size "
-                f"{e.block_size} ({where})",
+                f"{e.block_size} ({where}): a subscriber cannot tell which tokens each key holds, nor place "
+                "the run",
             )
         if len(e.extras) != n:
             self.fail("event-index", f"{what} published BlockStored of {n} keys with {len(e.extras)} extras")

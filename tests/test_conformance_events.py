@@ -30,6 +30,7 @@ from pagedprefix.spec.extras import ExtraField
 
 sys.path.insert(0, str(Path(__file__).parent))
 import broken_engines
+import broken_hybrid_event_engines as HE
 
 TESTS = Path(__file__).parent
 
@@ -146,6 +147,76 @@ def test_extras_must_tell_keys_apart() -> None:
     c.give([1, 1])
     copy = stored((K0,), None, (1, 1), bare)
     feed(c, [EventBatch(0, (copy, copy))], {(0, K0): 2})
+
+
+# ----- per-group streams (hybrid groups, SEMANTICS.md sections 8 and 9) ---------------------------
+
+GROUPS = (("full", 2), ("sliding", 4))
+"""full(2) + sliding(4): the sliding group keys sparse entries (a window tail)."""
+
+
+def g_stored(
+    group: int, key: bytes, parent: bytes | None, tokens: tuple[int, ...], size: int
+) -> BlockStored:
+    return BlockStored((key,), parent, tokens, size, ((),), group)
+
+
+def test_a_sparse_group_may_name_a_parent_never_stored() -> None:
+    """A window tail's first block names the key of the entry before it, which was never stored:
+    no violation in a sliding group; the same in the full group is one (a subscriber drops it)."""
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2, 3, 3, 4, 4])
+    tail = g_stored(1, K1, K0, (3, 3, 4, 4), 4)  # entry 1 of group 1; entry 0 (K0) never stored
+    feed(c, [EventBatch(0, (tail,))], {(1, K1): 1})
+    assert c.index == {(1, K1): 1}
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2])
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(0, K1, K0, (2, 2), 2),))], {(0, K1): 1}))
+    assert v.prop == "event-parents" and "not in the index" in v.message
+
+
+def test_a_sparse_block_with_an_unknown_parent_is_placed_by_its_tokens() -> None:
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2, 3, 3, 4, 4])
+    # tokens 2,2,3,3 are given, but not at a multiple of the sliding group's block size (4)
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(1, K1, K0, (2, 2, 3, 3), 4),))], {(1, K1): 1}))
+    assert v.prop == "event-parents" and "a block of no request" in v.message
+    # a known parent chains as in one group: K1 spells [3, 3, 4, 4] after root K0 = [1, 1, 2, 2]
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2, 3, 3, 4, 4])
+    feed(c, [EventBatch(0, (g_stored(1, K0, None, (1, 1, 2, 2), 4),))], {(1, K0): 1})
+    wrong = g_stored(1, K1, K0, (5, 5, 6, 6), 4)
+    v = violation(lambda: feed(c, [EventBatch(1, (wrong,))], {(1, K0): 1, (1, K1): 1}))
+    assert v.prop == "event-parents" and "a prefix of no request" in v.message
+
+
+def test_each_group_has_its_block_size_and_the_config_its_groups() -> None:
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2])
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(1, K0, None, (1, 1), 2),))], {(1, K0): 1}))
+    assert v.prop == "event-index" and "group 1's block size is 4" in v.message
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1])
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(2, K0, None, (1, 1), 2),))], {(2, K0): 1}))
+    assert v.prop == "event-index" and "the config has 2 KV-cache groups" in v.message
+
+
+def test_a_block_stored_under_the_wrong_group_fails_the_index() -> None:
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2])
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(0, K0, None, (1, 1), 2),))], {(1, K0): 1}))
+    assert v.prop == "event-index" and "(group 1): 1 blocks in cached_keys(), 0 by the events" in v.message
+
+
+@pytest.mark.parametrize("name", sorted(HE.EXPECTED))
+def test_the_stateful_runner_catches_a_broken_hybrid_stream(name: str) -> None:
+    """Each engine's cache is the spec's; only its per-group events are wrong. The runner finds it
+    on a hybrid config and names an event property (the wrong group or a rootless window block
+    can first show as two keys with one meaning, ``event-extras``: also a true finding)."""
+    report = run_conformance(getattr(HE, name), profile="core", max_examples=150, max_failures=1, echo=None)
+    [failure] = report.failures()
+    assert failure.prop in HE.EXPECTED[name], failure.render()
+    assert "groups" in failure.vector["cases"][0]["config"]  # found on a hybrid config
 
 
 def test_malformed_observations_are_engine_errors() -> None:
