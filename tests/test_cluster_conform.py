@@ -106,9 +106,9 @@ def test_cli_passes_the_reference_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     proc = run_cli("--generated", "2", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "12 passed, 0 failed" in proc.stdout
+    assert "13 passed, 0 failed" in proc.stdout  # 11 hand-written (spec-hybrid-stream too), 2 generated
     report = json.loads(out.read_text())
-    assert report["passed"] is True and len(report["scenarios"]) == 12
+    assert report["passed"] is True and len(report["scenarios"]) == 13
 
 
 def test_cli_fails_a_broken_indexer_through_the_worker(tmp_path: Path) -> None:
