@@ -159,6 +159,9 @@ NOTES: dict[str, dict[str, str]] = {
         "publishes 2 keys with 6 tokens and `parent_block_hash=None`: a subscriber cannot tell which "
         "tokens each key holds, nor place the run (the keys and `cached_keys()` agree; the single-group "
         "rows, which skip nothing, pass).",
+        "vectors: hybrid": "the same finding as `event-index`, reached by the shipped hybrid vectors: "
+        "each one whose sliding or chunked group skips an entry gets a run with more tokens than keys. "
+        "The cache itself passes them (the `vllm` rows).",
         "event-extras": "vLLM keys a LoRA block by the adapter's name *and path* (`(\"lora\", name, "
         "path)`, `kv_cache_utils._gen_lora_extra_hash_keys`, \"so that re-pointing a LoRA name at a "
         "different adapter does not reuse KV computed with the previous one\"), but its events carry the "
