@@ -256,9 +256,13 @@ def observe(
         )
         if got is not None:
             if caps.events:
+                missing = [f for f in ("cached_keys", "events") if f not in got]
+                if missing:  # judging an empty stream against an empty index would pass unjudged
+                    raise Violation(
+                        "engine-errors",
+                        f"the engine declares events but its observation carries no {' or '.join(missing)}",
+                    )
                 check_events_json(got)
-                got.setdefault("cached_keys", [])
-                got.setdefault("events", [])
             return _checked_observation(got, num_blocks)
     obs: Observation = {"num_free_blocks": call_engine("num_free_blocks()", adapter.num_free_blocks)}
     if hybrid:

@@ -192,9 +192,15 @@ def test_a_sparse_block_with_an_unknown_parent_is_placed_by_its_tokens() -> None
 
 def test_each_group_has_its_block_size_and_the_config_its_groups() -> None:
     c = EventChecker(2, raise_it, GROUPS)
-    c.give([1, 1, 2, 2])
-    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(1, K0, None, (1, 1), 2),))], {(1, K0): 1}))
+    c.give([1] * 8)
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(1, K0, None, (1,) * 8, 8),))], {(1, K0): 1}))
     assert v.prop == "event-index" and "group 1's block size is 4" in v.message
+    # 2 tokens in the 4-token group: a partial entry (vLLM's cache_partial_block), counted and placed
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2])
+    feed(c, [EventBatch(0, (g_stored(1, K0, None, (1, 1), 2),))], {(1, K0): 1})
+    v = violation(lambda: feed(c, [EventBatch(1, (g_stored(1, K1, K2, (7, 7), 2),))], {(1, K0): 1, (1, K1): 1}))
+    assert v.prop == "event-parents" and "a block of no request" in v.message
     c = EventChecker(2, raise_it, GROUPS)
     c.give([1, 1])
     v = violation(lambda: feed(c, [EventBatch(0, (g_stored(2, K0, None, (1, 1), 2),))], {(2, K0): 1}))
@@ -272,6 +278,30 @@ def test_a_broken_stream_is_caught_through_the_worker() -> None:
         factory.close()  # type: ignore[attr-defined]
     assert report.capabilities is not None and report.capabilities.events
     assert [f.prop for f in report.failures()] == ["event-extras"]
+
+
+def test_a_broken_hybrid_stream_is_caught_through_the_worker() -> None:
+    """The JSON-lines server carries ``events`` and ``cached_keys`` in a hybrid observation too: a
+    server that left them out was judged on an empty stream against an empty index, a PASS that
+    judged nothing (the driver now refuses an events engine's observation without them)."""
+    factory = load_engine("broken_hybrid_event_engines:window_silent_eviction", paths=[TESTS])
+    try:
+        report = run_conformance(factory, profile="core", max_examples=150, max_failures=1, echo=None)
+    finally:
+        factory.close()  # type: ignore[attr-defined]
+    [failure] = report.failures()
+    assert failure.prop == "event-index" and "groups" in failure.vector["cases"][0]["config"]
+
+
+def test_an_events_observation_without_its_stream_is_an_engine_error() -> None:
+    from pagedprefix.conformance.driver import observe
+
+    class NoStream:
+        def observe_batch(self, *args: object, **kw: object) -> dict[str, Any]:
+            return {"num_free_blocks": 1, "tables": [], "cached_keys": []}  # "events" left out
+
+    v = violation(lambda: observe(NoStream(), Capabilities(events=True), 1, []))  # type: ignore[arg-type]
+    assert v.prop == "engine-errors" and "carries no events" in v.message
 
 
 def test_a_version_2_server_is_driven_without_events() -> None:
