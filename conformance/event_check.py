@@ -14,8 +14,9 @@ holding the key). :class:`EventChecker` is the suite's reference subscriber: it 
 - ``event-parents``: a stored block names a parent the index holds at that moment (``None`` for
   block 0), so its chain spells a whole token prefix (with hybrid groups, SEMANTICS.md section 8:
   in a ``full`` group; a sliding, chunked or Mamba group keys sparse entries, so there a parent
-  that was never stored is allowed and the block must be an aligned block of a request given); for an engine that keys blocks during the
-  operation itself (``publish="allocation"``, ``publish_decode="append"``) the prefix it spells
+  that was never stored is allowed and the block must be an aligned block of a request given);
+  for an engine that keys blocks during the operation itself (``publish="allocation"``,
+  ``publish_decode="append"``) the prefix it spells
   must be the admitted or appended request's own, at one of the positions that operation keyed
   (the blocks after the hit, or the blocks the decode filled); for any other engine, a
   block-aligned prefix of some request it was given;

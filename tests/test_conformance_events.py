@@ -199,7 +199,8 @@ def test_each_group_has_its_block_size_and_the_config_its_groups() -> None:
     c = EventChecker(2, raise_it, GROUPS)
     c.give([1, 1, 2, 2])
     feed(c, [EventBatch(0, (g_stored(1, K0, None, (1, 1), 2),))], {(1, K0): 1})
-    v = violation(lambda: feed(c, [EventBatch(1, (g_stored(1, K1, K2, (7, 7), 2),))], {(1, K0): 1, (1, K1): 1}))
+    stray = g_stored(1, K1, K2, (7, 7), 2)
+    v = violation(lambda: feed(c, [EventBatch(1, (stray,))], {(1, K0): 1, (1, K1): 1}))
     assert v.prop == "event-parents" and "a block of no request" in v.message
     c = EventChecker(2, raise_it, GROUPS)
     c.give([1, 1])
