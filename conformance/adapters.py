@@ -158,7 +158,7 @@ class SpecShapedAdapter:
 class SpecAdapter(SpecShapedAdapter):
     """The executable spec as an adapter (``create_cache``: the hybrid spec for hybrid groups);
     ``num_evictions`` is exposed for the runner's model. ``events``: record and declare KV-cache
-    events (single-group configs; the runner's own model does not)."""
+    events (per group with hybrid groups; the runner's own model does not)."""
 
     cache: SpecCacheShaped
 
