@@ -292,6 +292,8 @@ class EventChecker:
             where = f"group {e.group}'s block size is {size}" if self.hybrid else (
                 f"the cache's block size is {size}"
             )
+            if e.block_size == size:
+                where += f", so {n} keys need {n * size} tokens"
             self.fail(
                 "event-index",
                 f"{what} published BlockStored of {n} keys with {len(e.token_ids)} tokens and block_size "
