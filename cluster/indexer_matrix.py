@@ -101,6 +101,7 @@ NOTES: dict[str, dict[str, str]] = {
         ),
         "unknown-parent-mamba": _NO_GROUPS,
         "sliding-window-sparse": _NO_GROUPS,
+        "spec-hybrid-stream": _NO_GROUPS,
         "random-sliding-1": _NO_GROUPS,
         "random-mamba-2": _NO_GROUPS,
         "random-sliding-4": _NO_GROUPS,

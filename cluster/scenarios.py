@@ -10,7 +10,7 @@ from __future__ import annotations
 from pagedprefix.spec.events import AllBlocksCleared
 
 from .prefix import GroupSpec
-from .streams import Faults, Scenario, ScenarioBuilder, random_scenario, removed, stored
+from .streams import Faults, Query, Scenario, ScenarioBuilder, random_scenario, removed, stored
 
 ABC = [1, 2, 3]
 AB = [1, 2]
@@ -142,6 +142,71 @@ def sliding_window_sparse() -> Scenario:
     return b.build()
 
 
+SPEC_GROUPS = (GroupSpec("full", 4), GroupSpec("sliding", 4, window=8), GroupSpec("mamba", 4))
+"""The hybrid replicas of :func:`spec_hybrid_stream`: full(4) + sliding(8, 4) + mamba(4)."""
+
+
+def spec_hybrid_run() -> tuple[Scenario, list[tuple[str, list[int], int]]]:
+    """:func:`spec_hybrid_stream` and, per query, ``(source, tokens, the replica's own lookup)``:
+    what the hybrid spec answers at that moment (tests/test_cluster_conform.py checks that the
+    stream, replayed by the reference indexer, answers the same wherever nothing was lost)."""
+    from pagedprefix.spec import CacheConfig, HybridSpecCache
+    from pagedprefix.spec.groups import full, mamba, sliding
+
+    config = CacheConfig(block_size=4, num_blocks=20, groups=(full(4), sliding(8, 4), mamba(4)))
+    caches = {s: HybridSpecCache.create(config, events=True) for s in ("r0", "r1")}
+    b = ScenarioBuilder("spec-hybrid-stream", spec_hybrid_stream.__doc__ or "", sources=("r0", "r1"),
+                        groups=SPEC_GROUPS)
+    answers: list[tuple[str, list[int], int]] = []
+    first = list(range(1, 18))  # 17 tokens: 4 full blocks, the replay boundary at 16
+    branch = first[:12] + [40 + t for t in range(9)]  # shares 3 blocks with ``first``
+    other = [90 + t for t in range(25)]  # 7 full blocks: evicts on a pool of 20
+
+    def op(source: str, call: str, *args: object, lose: bool = False) -> None:
+        cache = caches[source]
+        getattr(cache, call)(*args)
+        cache.new_step()  # a step boundary: the Mamba states keyed are published
+        events = cache.take_events()
+        if events:
+            b.publish(source, *events, delivered=not lose)
+
+    def query(source: str, tokens: list[int]) -> None:
+        cache = caches[source]
+        keys = tuple(tuple(k) for k in cache.group_keys(tokens))
+        b.steps.append(Query(keys, len(tokens)))
+        answers.append((source, tokens, cache.lookup(tokens)))
+
+    op("r0", "allocate", "a", first)
+    op("r1", "allocate", "a", branch)
+    query("r0", first)
+    op("r0", "free", "a")
+    op("r0", "allocate", "b", branch)  # hits 12 on r0's full and sliding groups, no Mamba state there
+    query("r0", branch)
+    query("r1", first)
+    op("r0", "free", "b")
+    op("r0", "allocate", "c", other)  # evicts: full, window and Mamba blocks leave, per group
+    query("r0", first)
+    query("r0", branch)
+    op("r1", "free", "a")
+    op("r1", "allocate", "d", first, lose=True)  # lost on the way: the next batch shows the gap
+    op("r1", "free", "d")
+    op("r1", "allocate", "e", other[:9])  # r1 must resync before answering again
+    query("r1", first)
+    b.settle()
+    query("r1", first)
+    query("r1", branch)
+    return b.build(), answers
+
+
+def spec_hybrid_stream() -> Scenario:
+    """Two replicas running the hybrid spec (``HybridSpecCache``, full(4) + sliding(8, 4) +
+    mamba(4), replay retention, 20 blocks) publish their own per-group streams (SEMANTICS.md
+    section 9): a sliding group's sparse window tail, Mamba checkpoints with never-stored parents,
+    evictions in every group, and one lost batch. The queries use the spec's own keys; the answers
+    must be what each replica's ``lookup`` returns (0 while a source is out of sync)."""
+    return spec_hybrid_run()[0]
+
+
 def duplicate_batch() -> Scenario:
     """A batch is delivered twice (a publisher's replay overlapping what arrived). The number goes
     back, which the rules read as a restart: clear and resync. Applying it again double-counts its
@@ -174,7 +239,7 @@ def reordered_replicas() -> Scenario:
 
 HAND_WRITTEN = (
     duplicate_copies, all_blocks_cleared, restart, restart_first_batch_lost, lost_batch, late_join,
-    unknown_parent_mamba, sliding_window_sparse, duplicate_batch, reordered_replicas,
+    unknown_parent_mamba, sliding_window_sparse, duplicate_batch, reordered_replicas, spec_hybrid_stream,
 )
 
 GENERATED_FAULTS = Faults(drop=0.15, duplicate=0.08, restart=0.03, settle=0.5)

@@ -261,9 +261,13 @@ def observe(
         )
         if got is not None:
             if caps.events:
+                missing = [f for f in ("cached_keys", "events") if f not in got]
+                if missing:  # judging an empty stream against an empty index would pass unjudged
+                    raise Violation(
+                        "engine-errors",
+                        f"the engine declares events but its observation carries no {' or '.join(missing)}",
+                    )
                 check_events_json(got)
-                got.setdefault("cached_keys", [])
-                got.setdefault("events", [])
             return _checked_observation(got, num_blocks)
     obs: Observation = {"num_free_blocks": call_engine("num_free_blocks()", adapter.num_free_blocks)}
     if hybrid:
@@ -325,6 +329,9 @@ def _observe_groups(
             ]
             keys.append([rid, [[None if h is None else bytes(h).hex() for h in t] for t in hashes]])
         obs["keys"] = keys
+    if caps.events:
+        obs["cached_keys"] = cached_keys_json(call_engine("cached_keys()", adapter.cached_keys))  # type: ignore[attr-defined]
+        obs["events"] = events_json(call_engine("take_events()", adapter.take_events))  # type: ignore[attr-defined]
     return _checked_observation(obs, num_blocks)
 
 

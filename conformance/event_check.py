@@ -12,14 +12,18 @@ holding the key). :class:`EventChecker` is the suite's reference subscriber: it 
   start at 0 is a restart it cannot see); a failed operation emits nothing; a reset that returned
   ``True`` is announced by ``AllBlocksCleared``;
 - ``event-parents``: a stored block names a parent the index holds at that moment (``None`` for
-  block 0), so its chain spells a whole token prefix; for an engine that keys blocks during the
-  operation itself (``publish="allocation"``, ``publish_decode="append"``) the prefix it spells
+  block 0), so its chain spells a whole token prefix (with hybrid groups, SEMANTICS.md section 8:
+  in a ``full`` group; a sliding, chunked or Mamba group keys sparse entries, so there a parent
+  that was never stored is allowed and the block must be an aligned block of a request given);
+  for an engine that keys blocks during the operation itself (``publish="allocation"``,
+  ``publish_decode="append"``) the prefix it spells
   must be the admitted or appended request's own, at one of the positions that operation keyed
   (the blocks after the hit, or the blocks the decode filled); for any other engine, a
   block-aligned prefix of some request it was given;
 - ``event-index``: a removal names a key the index holds, stored runs are well formed (``block_size``
   tokens per key, one extras entry per key), and the index rebuilt from the stream equals
-  ``cached_keys()`` after every operation;
+  ``cached_keys()`` after every operation (per ``(group, key)``: a block stored or removed under
+  the wrong group, or of a group the config does not have, fails here);
 - ``event-extras``: events distinguish what keys distinguish — two different keys never arrive
   with the same ``(group, parent, tokens, extras)``: a subscriber could not tell them apart and
   would credit one tenant or adapter with the other's prefix. This is a finding about the engine's
@@ -31,6 +35,7 @@ The JSON forms are those of the JSON-lines protocol: ``cached_keys`` a sorted li
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -159,11 +164,31 @@ class EventChecker:
     Args:
         block_size: the config's block size (every group-0 event must use it).
         fail: raises a violation of the named property (the judge's ``fail``).
+        groups: hybrid KV-cache groups (SEMANTICS.md section 8), as ``(kind, block_size)`` per
+            group; ``None`` for the one full-attention group of ``block_size``. A group's events must
+            use its block size and name a group of the config. A ``full`` group keys every block, so
+            its parents are held as in one group; the other kinds key sparse entries (a window tail,
+            a chunk, a Mamba checkpoint) whose parent is the key the entry before would have, stored
+            or not (``spec/events.py``): an unknown parent of such a group is no violation, and its
+            block is placed by its tokens alone (a block of some request the engine was given, at a
+            position the operation keyed when that is known). With more than one block size, a
+            *partial entry* is accepted too: a run whose ``block_size`` is a multiple of the hash
+            granularity ``h = gcd(B_g)`` dividing ``B_g`` (vLLM 0.33's
+            ``BlockPool.cache_partial_block`` keys a prompt tail that ends inside a block of the
+            group under the chain hash there, as one ``h``-token run whose parent is the ``h``-block
+            before); it is counted like any block and placed like a sparse group's. The spec never
+            emits one (sub-``A`` hits are left out, SEMANTICS.md section 8).
     """
 
-    def __init__(self, block_size: int, fail: Fail) -> None:
+    def __init__(
+        self, block_size: int, fail: Fail, groups: Sequence[tuple[str, int]] | None = None
+    ) -> None:
         self.B = block_size
         self.fail = fail
+        self.hybrid = bool(groups)
+        self.groups: tuple[tuple[str, int], ...] = tuple(groups) if groups else (("full", block_size),)
+        self.h = math.gcd(*(size for _, size in self.groups))
+        """The finest block size: given prefixes are remembered at every multiple of it."""
         self.index: Counter[GroupKey] = Counter()
         self.next_seq = 0
         self.spelled: dict[GroupKey, set[tuple[int, ...]]] = {}
@@ -172,11 +197,17 @@ class EventChecker:
         """The first key that arrived with each meaning (for ``event-extras``)."""
         self.given: set[tuple[int, ...]] = set()
         """Block-aligned token prefixes of every prompt and decode the engine was given."""
+        self.given_blocks: set[tuple[int, tuple[int, ...]]] = set()
+        """``(block size, tokens)`` of every aligned block given, for each non-full group's size."""
 
     def give(self, tokens: Sequence[int]) -> None:
         """The engine now holds ``tokens`` for a request (an admission or a decode)."""
-        for end in range(self.B, len(tokens) + 1, self.B):
+        for end in range(self.h, len(tokens) + 1, self.h):
             self.given.add(tuple(tokens[:end]))
+        for kind, size in self.groups + (("partial", self.h),):
+            if kind != "full":
+                for end in range(size, len(tokens) + 1, size):
+                    self.given_blocks.add((size, tuple(tokens[end - size : end])))
 
     def check(
         self,
@@ -245,33 +276,56 @@ class EventChecker:
 
     def _stored(self, e: BlockStored, what: str, keyed: Keyed | None) -> None:
         n = len(e.block_hashes)
-        if (e.group == 0 and e.block_size != self.B) or len(e.token_ids) != n * e.block_size:
+        if not 0 <= e.group < len(self.groups):
+            self.fail(
+                "event-index",
+                f"{what} published BlockStored of {n} keys for group {e.group}; the config has "
+                f"{len(self.groups)} KV-cache group{'s' if len(self.groups) > 1 else ''}",
+            )
+        kind, size = self.groups[e.group]
+        # A partial entry (vLLM 0.33's BlockPool.cache_partial_block): a prompt tail ending inside
+        # one of the group's blocks keyed at the hash granularity h; its parent is the h-block before.
+        partial = e.block_size < size and e.block_size % self.h == 0 and size % e.block_size == 0
+        if partial:
+            kind, size = "partial", e.block_size
+        if e.block_size != size or len(e.token_ids) != n * e.block_size:
+            where = f"group {e.group}'s block size is {size}" if self.hybrid else (
+                f"the cache's block size is {size}"
+            )
+            if e.block_size == size:
+                where += f", so {n} keys need {n * size} tokens"
             self.fail(
                 "event-index",
                 f"{what} published BlockStored of {n} keys with {len(e.token_ids)} tokens and block_size "
-                f"{e.block_size} (the cache's block size is {self.B})",
+                f"{e.block_size} ({where}): a subscriber cannot tell which tokens each key holds, nor place "
+                "the run",
             )
         if len(e.extras) != n:
             self.fail("event-index", f"{what} published BlockStored of {n} keys with {len(e.extras)} extras")
         parent = e.parent_block_hash
+        bases: set[tuple[int, ...]] | None
         if parent is None:
-            bases: set[tuple[int, ...]] = {()}
+            bases = {()}
         else:
             pk = (e.group, parent)
-            if self.index[pk] <= 0:
+            if self.index[pk] <= 0 and kind == "full":
                 self.fail(
                     "event-parents",
                     f"{what} stored {n} blocks whose parent {_short(parent)} is not in the index (never "
                     "stored, or removed): a subscriber cannot place them and drops every descendant",
                 )
-            bases = self.spelled.get(pk, set())
-        size = e.block_size
+            # A sparse group's parent may never have been stored: the block is placed by its tokens.
+            bases = self.spelled.get(pk) or None
         for j, key in enumerate(e.block_hashes):
             tokens = tuple(e.token_ids[j * size : (j + 1) * size])
-            spelled = {b + tokens for b in bases}
-            self._place(key, spelled, what, keyed)
             gk = (e.group, key)
-            self.spelled.setdefault(gk, set()).update(spelled)
+            spelled: set[tuple[int, ...]] | None = None
+            if bases is None:
+                self._place_block(key, tokens, size, what, keyed)
+            else:
+                spelled = {b + tokens for b in bases}
+                self._place(key, spelled, size, what, keyed)
+                self.spelled.setdefault(gk, set()).update(spelled)
             block_parent = parent if j == 0 else e.block_hashes[j - 1]
             fields = tuple((f.tag, f.payload) for f in e.extras[j]) if j < len(e.extras) else ()
             meaning: Meaning = (e.group, block_parent, tokens, fields)
@@ -286,16 +340,18 @@ class EventChecker:
             self.index[gk] += 1
             bases = spelled
 
-    def _place(self, key: bytes, spelled: set[tuple[int, ...]], what: str, keyed: Keyed | None) -> None:
+    def _place(
+        self, key: bytes, spelled: set[tuple[int, ...]], size: int, what: str, keyed: Keyed | None
+    ) -> None:
         """The prefix a stored block's chain spells must be one the engine was given (at the
         position the operation keyed, when it is known)."""
         if keyed is not None:
             for prefix in spelled:
-                pos = len(prefix) // self.B - 1
+                pos = len(prefix) // size - 1
                 if keyed.first <= pos < keyed.stop and keyed.tokens[: len(prefix)] == prefix:
                     return
             shown = sorted(spelled, key=len)[:1]
-            at = f"block {len(shown[0]) // self.B - 1} spelling {list(shown[0])}" if shown else "nothing"
+            at = f"block {len(shown[0]) // size - 1} spelling {list(shown[0])}" if shown else "nothing"
             self.fail(
                 "event-parents",
                 f"{what} stored key {_short(key)} whose chain of parents makes it {at}, but the operation "
@@ -308,6 +364,28 @@ class EventChecker:
                 f"{what} stored key {_short(key)} whose chain of parents spells "
                 f"{list(shown[0]) if shown else 'nothing'}, a prefix of no request the engine was given: "
                 "a wrong parent",
+            )
+
+    def _place_block(
+        self, key: bytes, tokens: tuple[int, ...], size: int, what: str, keyed: Keyed | None
+    ) -> None:
+        """A block of a sparse group whose parent was never stored: its tokens must be an aligned
+        block of a request the engine was given (of the operation's request, at a keyed position,
+        when that is known)."""
+        if keyed is not None:
+            if any(keyed.tokens[j * size : (j + 1) * size] == tokens for j in range(keyed.first, keyed.stop)):
+                return
+            self.fail(
+                "event-parents",
+                f"{what} stored key {_short(key)} (a block of {size} tokens {list(tokens)} with an unknown "
+                f"parent), but the operation keyed blocks {keyed.first}..{keyed.stop - 1} of "
+                f"{list(keyed.tokens)}, none of them these tokens",
+            )
+        if (size, tokens) not in self.given_blocks:
+            self.fail(
+                "event-parents",
+                f"{what} stored key {_short(key)} of {size} tokens {list(tokens)}, a block of no request the "
+                "engine was given at a multiple of the group's block size",
             )
 
     def _removed(self, e: BlockRemoved, what: str) -> None:

@@ -50,6 +50,7 @@ from pagedprefix.spec.hybrid import config_groups
 
 from .codec import Json, extras_from_json
 from .driver import Observation, Outcome, Step, describe_step
+from .event_check import EventChecker
 from .judge import Judge, first_error
 from .protocol import Capabilities
 
@@ -124,6 +125,9 @@ class HybridJudge(Judge):
         super().__init__(config, level, disabled)
         self.caps = caps
         self.groups: Groups = config_groups(config)
+        if caps.events:  # the per-group event stream (SEMANTICS.md section 9, spec/events.py)
+            sizes = [(g.kind, g.block_size) for g in self.groups]
+            self.events = EventChecker(config.block_size, self.fail, sizes)
         self.A = hit_alignment(self.groups)
         self.live: dict[RequestId, HReq] = {}  # type: ignore[assignment]
         self.data: dict[int, BlockData] = {}
@@ -301,6 +305,11 @@ class HybridJudge(Judge):
     def start(self, obs: Observation, expected: Observation | None) -> None:
         self.prev = obs
         self._check_accounting(obs)
+        if self.events is not None:
+            self.events.check(
+                "the engine's creation", obs.get("events"), obs.get("cached_keys"),
+                failed=False, reset=False, keyed=None,
+            )
         if expected is not None and self.policy:
             self._compare_state(obs, expected, "creation")
 
@@ -329,9 +338,27 @@ class HybridJudge(Judge):
         self._check_live()
         self._check_held(obs)
         self._check_accounting(obs)
+        if self.events is not None:
+            self._check_events(step, outcome, obs, what)
         if expected is not None:
             self._compare(step, outcome, obs, expected, what, bound)
         self.prev = obs
+
+    def _check_events(self, step: Step, outcome: Outcome, obs: Observation, what: str) -> None:
+        """The per-group event stream against ``cached_keys()`` (:class:`EventChecker`). Where a
+        hybrid operation keys entries depends on the retention (a window tail, a checkpoint, the
+        junction), so no position is prescribed: a stored block must spell a prefix of, or be an
+        aligned block of, a request the engine was given."""
+        assert self.events is not None
+        op = step["op"]
+        if outcome.ok and op in ("allocate", "append"):
+            req = self.live.get(step["request_id"])
+            if req is not None:
+                self.events.give(req.tokens)
+        reset = bool(outcome.ok and op == "reset" and (outcome.result or {}).get("reset") is True)
+        self.events.check(
+            what, obs.get("events"), obs.get("cached_keys"), failed=not outcome.ok, reset=reset, keyed=None
+        )
 
     # ----- failures -----------------------------------------------------------------------------
 
@@ -948,7 +975,7 @@ def judge_for(config: CacheConfig, level: str, disabled: frozenset[str], caps: C
     """The judge of a run: :class:`HybridJudge` for hybrid groups, else :class:`Judge`."""
     from pagedprefix.spec import is_hybrid
 
-    if is_hybrid(config.groups, config.block_size):  # KV-cache events are judged on one group only
+    if is_hybrid(config.groups, config.block_size):  # KV-cache events per group when caps.events
         return HybridJudge(config, level, disabled, caps)
     return Judge(
         config,

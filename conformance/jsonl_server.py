@@ -121,6 +121,9 @@ class Server:
                     [rid, [[None if b is None else Server._hex(cache.block_hash(b)) for b in t] for t in per]]
                     for rid, per in group_tables
                 ]
+            if params.get("events"):  # per group (SEMANTICS.md section 9)
+                out["cached_keys"] = cached_keys_json(cache.cached_keys())  # type: ignore[attr-defined]
+                out["events"] = Server._events(cache)
             return out
         tables = [[rid, list(cache.block_table(rid))] for rid in ids]
         out["tables"] = tables

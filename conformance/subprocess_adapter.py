@@ -69,14 +69,14 @@ version-3 server that declares neither speaks version 2 with a new number):
   and answers ``"group_tables": [[id, [[block|null] per group]]]`` (and ``"keys"`` per group)
   instead of ``"tables"``; errors include ``Deferred``. A version-1 or 2 server that declares
   ``groups`` is driven without them (its capabilities are read without groups).
-- KV-cache events (capability ``events``, SEMANTICS.md section 9; single-group configs only):
+- KV-cache events (capability ``events``, SEMANTICS.md section 9; per group with hybrid groups):
   ``take_events`` returns the batches published since the last call (and ``observe`` with
-  ``"events": true`` takes them too, with ``cached_keys``). Events are the JSON forms of
-  :mod:`pagedprefix.spec.events` (``{"type": "BlockStored", "block_hashes": [hex],
-  "parent_block_hash": hex | null, "token_ids", "block_size", "extras": [[[tag, hex payload], ...]
-  per block], "group"}``, ``{"type": "BlockRemoved", "block_hashes", "group"}``, ``{"type":
-  "AllBlocksCleared"}``). A server older than version 3 that declares ``events`` is refused at
-  ``create``.
+  ``"events": true`` takes them too, with ``cached_keys``, in a hybrid observation as well).
+  Events are the JSON forms of :mod:`pagedprefix.spec.events` (``{"type": "BlockStored",
+  "block_hashes": [hex], "parent_block_hash": hex | null, "token_ids", "block_size",
+  "extras": [[[tag, hex payload], ...] per block], "group"}``, ``{"type": "BlockRemoved",
+  "block_hashes", "group"}``, ``{"type": "AllBlocksCleared"}``). A server older than version 3
+  that declares ``events`` is refused at ``create``.
 
 Time limits. Every reply must arrive within the call limit (``call_timeout``, 10 s by default;
 ``hello`` and ``create`` get ``start_timeout``, 120 s, for imports). A server that is silent for

@@ -106,9 +106,9 @@ def test_cli_passes_the_reference_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     proc = run_cli("--generated", "2", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "12 passed, 0 failed" in proc.stdout
+    assert "13 passed, 0 failed" in proc.stdout  # 11 hand-written (spec-hybrid-stream too), 2 generated
     report = json.loads(out.read_text())
-    assert report["passed"] is True and len(report["scenarios"]) == 12
+    assert report["passed"] is True and len(report["scenarios"]) == 13
 
 
 def test_cli_fails_a_broken_indexer_through_the_worker(tmp_path: Path) -> None:
@@ -274,3 +274,37 @@ def test_cli_zero_scenarios_judged_exits_1(monkeypatch: pytest.MonkeyPatch) -> N
     result = CliRunner().invoke(app, [])
     assert result.exit_code == 1
     assert "FAIL: no scenario was judged, which is not a pass" in result.output
+
+
+# ----- a stream the hybrid spec itself publishes (issue 21, section 3) -----------------------------
+
+
+def test_the_spec_hybrid_stream_answers_what_the_replicas_look_up() -> None:
+    """The per-group streams of two ``HybridSpecCache`` replicas, counted (the replicas' truth),
+    answer every query exactly as the replica's own ``lookup`` does: the indexer's prefix rule
+    (cluster/prefix.py) and the spec's section-8 lookup agree on a real hybrid stream, so the
+    scenario judges indexers by the spec, not by a toy. The reference indexer passes it."""
+    from pagedprefix.cluster.scenarios import SPEC_GROUPS, spec_hybrid_run
+    from pagedprefix.cluster.streams import Publish, Query, Truth
+
+    scenario, answers = spec_hybrid_run()
+    truths = {s: Truth() for s in scenario.config.sources}
+    got = []
+    for step in scenario.steps:
+        if isinstance(step, Publish):
+            truths[step.source].publish(step.batch)
+        elif isinstance(step, Query):
+            source = answers[len(got)][0]
+            got.append(truths[source].answer(SPEC_GROUPS, step))
+    assert got == [hit for _, _, hit in answers]
+    assert got == [16, 20, 0, 0, 0, 16, 16, 12]  # hits, a miss after eviction, sparse-window misses
+    groups = {e.group for s in scenario.steps if isinstance(s, Publish) for e in s.batch.events}
+    assert groups == {0, 1, 2}
+    assert judge_scenario(reference_indexer, scenario).passed
+
+
+@pytest.mark.parametrize("name", ["full_group_only", "drops_unknown_parent", "ignores_gaps"])
+def test_the_spec_hybrid_stream_catches_a_broken_indexer(name: str) -> None:
+    from pagedprefix.cluster.scenarios import spec_hybrid_stream
+
+    assert not judge_scenario(getattr(broken_indexers, name), spec_hybrid_stream()).passed

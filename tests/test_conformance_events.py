@@ -30,6 +30,7 @@ from pagedprefix.spec.extras import ExtraField
 
 sys.path.insert(0, str(Path(__file__).parent))
 import broken_engines
+import broken_hybrid_event_engines as HE
 
 TESTS = Path(__file__).parent
 
@@ -148,6 +149,83 @@ def test_extras_must_tell_keys_apart() -> None:
     feed(c, [EventBatch(0, (copy, copy))], {(0, K0): 2})
 
 
+# ----- per-group streams (hybrid groups, SEMANTICS.md sections 8 and 9) ---------------------------
+
+GROUPS = (("full", 2), ("sliding", 4))
+"""full(2) + sliding(4): the sliding group keys sparse entries (a window tail)."""
+
+
+def g_stored(
+    group: int, key: bytes, parent: bytes | None, tokens: tuple[int, ...], size: int
+) -> BlockStored:
+    return BlockStored((key,), parent, tokens, size, ((),), group)
+
+
+def test_a_sparse_group_may_name_a_parent_never_stored() -> None:
+    """A window tail's first block names the key of the entry before it, which was never stored:
+    no violation in a sliding group; the same in the full group is one (a subscriber drops it)."""
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2, 3, 3, 4, 4])
+    tail = g_stored(1, K1, K0, (3, 3, 4, 4), 4)  # entry 1 of group 1; entry 0 (K0) never stored
+    feed(c, [EventBatch(0, (tail,))], {(1, K1): 1})
+    assert c.index == {(1, K1): 1}
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2])
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(0, K1, K0, (2, 2), 2),))], {(0, K1): 1}))
+    assert v.prop == "event-parents" and "not in the index" in v.message
+
+
+def test_a_sparse_block_with_an_unknown_parent_is_placed_by_its_tokens() -> None:
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2, 3, 3, 4, 4])
+    # tokens 2,2,3,3 are given, but not at a multiple of the sliding group's block size (4)
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(1, K1, K0, (2, 2, 3, 3), 4),))], {(1, K1): 1}))
+    assert v.prop == "event-parents" and "a block of no request" in v.message
+    # a known parent chains as in one group: K1 spells [3, 3, 4, 4] after root K0 = [1, 1, 2, 2]
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2, 3, 3, 4, 4])
+    feed(c, [EventBatch(0, (g_stored(1, K0, None, (1, 1, 2, 2), 4),))], {(1, K0): 1})
+    wrong = g_stored(1, K1, K0, (5, 5, 6, 6), 4)
+    v = violation(lambda: feed(c, [EventBatch(1, (wrong,))], {(1, K0): 1, (1, K1): 1}))
+    assert v.prop == "event-parents" and "a prefix of no request" in v.message
+
+
+def test_each_group_has_its_block_size_and_the_config_its_groups() -> None:
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1] * 8)
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(1, K0, None, (1,) * 8, 8),))], {(1, K0): 1}))
+    assert v.prop == "event-index" and "group 1's block size is 4" in v.message
+    # 2 tokens in the 4-token group: a partial entry (vLLM's cache_partial_block), counted and placed
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2])
+    feed(c, [EventBatch(0, (g_stored(1, K0, None, (1, 1), 2),))], {(1, K0): 1})
+    stray = g_stored(1, K1, K2, (7, 7), 2)
+    v = violation(lambda: feed(c, [EventBatch(1, (stray,))], {(1, K0): 1, (1, K1): 1}))
+    assert v.prop == "event-parents" and "a block of no request" in v.message
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1])
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(2, K0, None, (1, 1), 2),))], {(2, K0): 1}))
+    assert v.prop == "event-index" and "the config has 2 KV-cache groups" in v.message
+
+
+def test_a_block_stored_under_the_wrong_group_fails_the_index() -> None:
+    c = EventChecker(2, raise_it, GROUPS)
+    c.give([1, 1, 2, 2])
+    v = violation(lambda: feed(c, [EventBatch(0, (g_stored(0, K0, None, (1, 1), 2),))], {(1, K0): 1}))
+    assert v.prop == "event-index" and "(group 1): 1 blocks in cached_keys(), 0 by the events" in v.message
+
+
+@pytest.mark.parametrize("name", sorted(HE.EXPECTED))
+def test_the_stateful_runner_catches_a_broken_hybrid_stream(name: str) -> None:
+    """Each engine's cache is the spec's; only its per-group events are wrong. The runner finds it
+    on a hybrid config and names an event property (the wrong group or a rootless window block
+    can first show as two keys with one meaning, ``event-extras``: also a true finding)."""
+    report = run_conformance(getattr(HE, name), profile="core", max_examples=150, max_failures=1, echo=None)
+    [failure] = report.failures()
+    assert failure.prop in HE.EXPECTED[name], failure.render()
+    assert "groups" in failure.vector["cases"][0]["config"]  # found on a hybrid config
+
+
 def test_malformed_observations_are_engine_errors() -> None:
     assert violation(lambda: cached_keys_json({K0: 1})).prop == "engine-errors"
     assert violation(lambda: events_json([BlockRemoved((K0,))])).prop == "engine-errors"
@@ -201,6 +279,30 @@ def test_a_broken_stream_is_caught_through_the_worker() -> None:
         factory.close()  # type: ignore[attr-defined]
     assert report.capabilities is not None and report.capabilities.events
     assert [f.prop for f in report.failures()] == ["event-extras"]
+
+
+def test_a_broken_hybrid_stream_is_caught_through_the_worker() -> None:
+    """The JSON-lines server carries ``events`` and ``cached_keys`` in a hybrid observation too: a
+    server that left them out was judged on an empty stream against an empty index, a PASS that
+    judged nothing (the driver now refuses an events engine's observation without them)."""
+    factory = load_engine("broken_hybrid_event_engines:window_silent_eviction", paths=[TESTS])
+    try:
+        report = run_conformance(factory, profile="core", max_examples=150, max_failures=1, echo=None)
+    finally:
+        factory.close()  # type: ignore[attr-defined]
+    [failure] = report.failures()
+    assert failure.prop == "event-index" and "groups" in failure.vector["cases"][0]["config"]
+
+
+def test_an_events_observation_without_its_stream_is_an_engine_error() -> None:
+    from pagedprefix.conformance.driver import observe
+
+    class NoStream:
+        def observe_batch(self, *args: object, **kw: object) -> dict[str, Any]:
+            return {"num_free_blocks": 1, "tables": [], "cached_keys": []}  # "events" left out
+
+    v = violation(lambda: observe(NoStream(), Capabilities(events=True), 1, []))  # type: ignore[arg-type]
+    assert v.prop == "engine-errors" and "carries no events" in v.message
 
 
 def test_a_version_2_server_is_driven_without_events() -> None:

@@ -128,7 +128,8 @@ def test_a_command_that_does_not_speak_the_protocol_is_refused() -> None:
 
 def test_protocol_3_carries_hybrid_groups_and_events_together() -> None:
     """One protocol version (3) for both features: the reference server's spec declares ``events``
-    for single-group configs and ``groups`` for hybrid ones, and the suite drives both through it."""
+    and ``groups``, its hybrid observations carry the per-group stream, and the suite drives both
+    through it."""
     factory = load_engine(f"jsonl:{sys.executable} -m pagedprefix.conformance.jsonl_server --engine spec")
     try:
         report = run_conformance(factory, profile="exact", max_examples=60, echo=None)

@@ -252,18 +252,68 @@ def test_events_map_onto_the_spec_events() -> None:
     assert adapter.take_vllm_events() == []  # the raw queue: taken already
 
 
+def test_hybrid_events_carry_the_group() -> None:
+    """full(4) + sliding(8, 4), one 17-token prompt: every vLLM event names its group (``group_idx``)
+    and the group's block size, and the stream, counted, equals vLLM's per-group index. The full
+    group's run is well formed (16 tokens, 4 keys, no parent); the sliding group keys only its replay
+    tail (blocks 2 and 3) but publishes the tokens of blocks 0-3 with no parent: the run the
+    suite's subscriber refuses (event-index; conformance/engines/notes.py)."""
+    from pagedprefix.conformance.event_check import EventChecker, cached_keys_json, events_json
+    from pagedprefix.conformance.properties import Violation
+
+    engine = _vllm()
+    config = _hybrid((full(4), sliding(8, 4)), 24)
+    adapter = engine.vllm_with_events(config)
+    assert adapter.capabilities.events and "sliding" in adapter.capabilities.groups
+    prompt = list(range(1, 18))
+    adapter.allocate("a", prompt)
+    batches = adapter.take_events()
+    [batch] = batches
+    stored = [e for e in batch.events if isinstance(e, BlockStored)]
+    assert [(e.group, e.block_size, len(e.block_hashes)) for e in stored] == [(0, 4, 4), (1, 4, 2)]
+    full_run, window_run = stored
+    assert full_run.token_ids == tuple(prompt[:16]) and full_run.parent_block_hash is None
+    assert window_run.token_ids == tuple(prompt[:16]) and window_run.parent_block_hash is None
+    assert window_run.block_hashes == full_run.block_hashes[2:]  # vLLM's keys omit the group
+    assert replay_events(batch.events) == adapter.cached_keys()  # the counts are right
+    assert {g for g, _ in adapter.cached_keys()} == {0, 1}
+
+    def fail(prop: str, message: str) -> None:
+        raise Violation(prop, message)
+
+    checker = EventChecker(4, fail, [("full", 4), ("sliding", 4)])
+    checker.give(prompt)
+    with pytest.raises(Violation) as info:
+        checker.check(
+            "allocate", events_json(batches), cached_keys_json(adapter.cached_keys()),
+            failed=False, reset=False, keyed=None,
+        )
+    assert info.value.prop == "event-index" and "2 keys with 16 tokens" in info.value.message
+
+
 def test_event_verdict() -> None:
-    """vLLM's event stream: index, numbering and parents hold; extras do not tell two LoRA
-    adapters of one name apart (the name is published, the path vLLM keys by is not)."""
+    """vLLM's event stream: numbering and parents hold; extras do not tell two LoRA adapters of
+    one name apart (the name is published, the path vLLM keys by is not); with hybrid groups a
+    sparse group's run is malformed (event-index)."""
     engine = _vllm()
     options = SuiteOptions(profile="core", max_examples=150)
     report = run_suite(engine.vllm_with_events, options, engine_name="vllm-events", extra_groups=[])
     assert unreached(channels_of(engine.vllm_with_events), report.reached) == [], report.reached
     rows = {r.name: r for r in report.rows}
-    assert {r.name for r in report.rows if r.status == "fail"} == {"event-extras", "vectors: extras"}
+    failing = {r.name for r in report.rows if r.status == "fail"}
+    assert failing == {"event-extras", "event-index", "vectors: extras", "vectors: hybrid"}
     assert report.vectors is not None
-    assert {r.prop for r in report.vectors.by_status("fail")} == {"event-extras"}
-    for prop in ("event-index", "event-sequence", "event-parents"):
+    assert {r.prop for r in report.vectors.by_status("fail")} == {"event-extras", "event-index"}
+    for r in report.vectors.by_status("fail"):  # the hybrid vectors fail on the sparse runs only
+        assert (r.group, r.prop) in {("extras", "event-extras"), ("hybrid", "event-index")}, r
+    for prop in ("event-sequence", "event-parents"):
         assert rows[prop].status == "pass", rows[prop]
+    # event-index: vLLM's sparse runs with hybrid groups (test_hybrid_events_carry_the_group), and
+    # only there: the single-group and full-attention streams are well formed.
+    assert rows["event-index"].status == "fail" and report.stateful is not None
+    for failure in report.stateful.failures():
+        if failure.prop == "event-index":
+            [case] = failure.vector["cases"]
+            assert any(g["kind"] in ("sliding", "chunked") for g in case["config"].get("groups", [])), case
     sequence = rows["event-extras"].counterexample or ""
     assert '"lora": {"id": 1, "name": "a"}' in sequence and '"lora": {"id": 2, "name": "a"}' in sequence

@@ -30,7 +30,9 @@ ABOUT: dict[str, str] = {
     "enable_kv_cache_events=True)`): vLLM's own `vllm.distributed.kv_events` objects mapped onto "
     "the spec's events and numbered as vLLM's ZMQ publisher numbers its batches, checked by a "
     "counting subscriber against `BlockPool.cached_block_hash_to_block` "
-    "(`pagedprefix.conformance.engines.vllm`, `vllm_with_events`).",
+    "(`pagedprefix.conformance.engines.vllm`, `vllm_with_events`). Hybrid configs go to the same "
+    "`HybridKVCacheCoordinator` as the `vllm` rows, with the queue on: one stream, each event with its "
+    "`group_idx`, judged per group.",
     "sglang": "SGLang's own `RadixCache` with its `Req`, page allocator and the scheduler-side "
     "`match_kv_cache` / `checkpoint_kv_cache` / `release_kv_cache` "
     "(`pagedprefix.conformance.engines.sglang`).",
@@ -204,6 +206,24 @@ NOTES: dict[str, dict[str, str]] = {
     },
     "vllm-events": {
         **_VLLM,
+        "policy-hits": _VLLM_WINDOW_OF_ONE,
+        "policy-sharing": _VLLM_WINDOW_OF_ONE + " Here the second admission counts no hit, so it needs "
+        "every block of the prompt and is refused where the spec's admission fits.",
+        "retention-adequacy": _VLLM_WINDOW_OF_ONE + " Here the sliding group keeps no block at the "
+        "replay boundary (none is needed), so vLLM finds nothing to stop on and the resend hits 0.",
+        "event-index": "a real finding of vLLM 0.33's event format with hybrid groups: a sliding-window "
+        "(or chunked) group keys only some entries of a prompt (the replay tail; skipped entries are "
+        "null blocks), and `BlockPool.cache_full_blocks` (`vllm/v1/core/block_pool.py`) leaves the "
+        "skipped blocks out of `block_hashes` and `extra_keys` (\"Skip null/masked-out blocks to match "
+        "the length of new_hashes\") but not out of `token_ids`, which still spans `num_cached_blocks * "
+        "block_size .. num_full_blocks * block_size`, and names the parent of block "
+        "`num_cached_blocks - 1`, not of the first stored one. So a `sliding(4, 2)` prompt of 6 tokens "
+        "publishes 2 keys with 6 tokens and `parent_block_hash=None`: a subscriber cannot tell which "
+        "tokens each key holds, nor place the run (the keys and `cached_keys()` agree; the single-group "
+        "rows, which skip nothing, pass).",
+        "vectors: hybrid": "the same finding as `event-index`, reached by the shipped hybrid vectors: "
+        "each one whose sliding or chunked group skips an entry gets a run with more tokens than keys. "
+        "The cache itself passes them (the `vllm` rows).",
         "event-extras": "vLLM keys a LoRA block by the adapter's name *and path* (`(\"lora\", name, "
         "path)`, `kv_cache_utils._gen_lora_extra_hash_keys`, \"so that re-pointing a LoRA name at a "
         "different adapter does not reuse KV computed with the previous one\"), but its events carry the "

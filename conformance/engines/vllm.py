@@ -131,10 +131,19 @@ are and :meth:`VllmAdapter.take_events` maps onto :mod:`pagedprefix.spec.events`
   ``lora_name`` for KV block key hash"). Left out: ``lora_id`` (deprecated in 0.33 — "Retained
   for backward compatibility" — and the adapter's per-instance integer, not part of vLLM's key,
   which uses name and path), ``medium`` (always ``GPU`` here), ``locality``, ``ownership``,
-  ``session_id``, ``kv_cache_spec_*`` (one full-attention group), ``lookahead_token_ids`` (none).
+  ``session_id``, ``kv_cache_spec_*`` (the adapter knows the config's groups; ``group_idx`` is
+  the group), ``lookahead_token_ids`` (none).
   vLLM keys a LoRA by name *and path* (``_gen_lora_extra_hash_keys``), the event carries the name
   only: two adapters of one name get different keys and identical events (``event-extras``).
 - **BlockRemoved** (``block_hashes``, ``group_idx``) and **AllBlocksCleared** map one to one.
+- **Hybrid groups.** A hybrid config gets :class:`VllmHybridAdapter` with the same queue: every
+  ``BlockStored``/``BlockRemoved`` of ``HybridKVCacheCoordinator``'s groups carries its
+  ``group_idx`` (``BlockPool.cache_full_blocks`` and ``_maybe_evict_cached_block`` in
+  ``vllm/v1/core/block_pool.py``), which is the spec's ``group`` (the groups are declared in the
+  config's order); ``block_size`` is the group's own. The keys are vLLM's, at each group's block
+  size (``resolve_block_hashes``), without the group: the index and the events both pair them
+  with ``group_idx``. A sparse group's ``parent_block_hash`` is the hash of the entry before,
+  cached or not, as the spec's (``spec/events.py``).
 """
 
 from __future__ import annotations
@@ -365,8 +374,8 @@ class VllmAdapter(AdapterBase):
     capabilities = CAPABILITIES
 
     def __init__(self, config: CacheConfig, *, kv_events: bool = False) -> None:
-        if kv_events:  # events are judged on the one full-attention group only (SEMANTICS.md 9)
-            self.capabilities = replace(CAPABILITIES, events=True, groups=frozenset())
+        if kv_events:  # the event stream is judged (SEMANTICS.md 9); hybrid configs: VllmHybridAdapter
+            self.capabilities = replace(CAPABILITIES, events=True)
         self.next_seq = 0
         algo = HASH_NAMES.get(config.hash_algo)
         if algo is None:
@@ -642,7 +651,9 @@ class VllmHybridAdapter(VllmAdapter):
         # The retention follows the config (prefix_cache_retention_interval); the free order is
         # KVCacheCoordinator.free's group-major one whatever the config says (vLLM's
         # reversed-concatenated order is the scheduler's deferred-free path, not driven here).
-        self.capabilities = replace(CAPABILITIES, retention=config.retention, group_free_order="group_major")
+        self.capabilities = replace(
+            CAPABILITIES, retention=config.retention, group_free_order="group_major", events=kv_events
+        )
 
     def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
         return tuple(tuple(None if b == 0 else b - 1 for b in t) for t in self.manager.get_block_ids(vid))
@@ -789,5 +800,8 @@ def vllm(config: CacheConfig) -> VllmAdapter:
 def vllm_with_events(config: CacheConfig) -> VllmAdapter:
     """Like :func:`vllm`, with vLLM's KV-cache event queue on and capability ``events``
     (``--engine vllm-events``): ``take_events()`` maps vLLM's events onto the spec's,
-    ``take_vllm_events()`` returns vLLM's own objects."""
+    ``take_vllm_events()`` returns vLLM's own objects. A hybrid config gets
+    :class:`VllmHybridAdapter` with the queue on: one stream, each event with its ``group_idx``."""
+    if is_hybrid(config.groups, config.block_size):
+        return VllmHybridAdapter(config, kv_events=True)
     return VllmAdapter(config, kv_events=True)
