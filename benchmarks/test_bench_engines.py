@@ -1,11 +1,12 @@
 """Speed gates against the pinned vLLM (0.33.0): impl's managers against vLLM's own, side by side
 on the same Mooncake stream, time inside engine calls (issue 21, section 4).
 
-Method: ``pagedprefix compare-engines``' (docs/ENGINES.md): :func:`pagedprefix.replay.compare.run_engine`
-replays the first requests of the shipped Mooncake ``conversation`` trace through an engine and sums
-the seconds spent inside its ``allocate`` / ``append`` / ``free`` calls (token synthesis and
-scheduling are not counted), here CPU seconds of this process (``time.process_time``, as the other
-benchmarks time), so that other processes on a shared machine do not skew it. vLLM is driven through the shipped adapter
+Method: ``pagedprefix compare-engines``' (docs/ENGINES.md):
+:func:`pagedprefix.replay.compare.run_engine` replays the first requests of the shipped Mooncake
+``conversation`` trace through an engine and sums the seconds spent inside its ``allocate`` /
+``append`` / ``free`` calls (token synthesis and scheduling are not counted), here CPU seconds of
+this process (``time.process_time``, as the other benchmarks time), so that other processes on a
+shared machine do not skew it. vLLM is driven through the shipped adapter
 (``pagedprefix.conformance.engines.vllm``): ``KVCacheManager`` over ``UnitaryKVCacheCoordinator``
 for the one full group, over ``HybridKVCacheCoordinator`` for ``full(16) + sliding(128, 16)``; its
 side includes what the adapter needs to call it (a ``Request`` per admission, hashed by vLLM's own

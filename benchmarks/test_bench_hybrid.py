@@ -153,7 +153,8 @@ def test_hybrid_admission_cost_per_block(benchmark: Any) -> None:
             spent, blocks = admissions(cache, prompts, (r + 1) * 10**6)
             per_block[name].append(spent / blocks)
             total[name] += blocks
-    evicted = {name: cache.num_evictions - evicted[name] for name, cache in (("hybrid", hybrid), ("single", single))}
+    evicted["hybrid"] = hybrid.num_evictions - evicted["hybrid"]
+    evicted["single"] = single.num_evictions - evicted["single"]
     assert evicted["hybrid"] > 0 and evicted["single"] > 0  # both pools reuse cached blocks
     hybrid.check_integrity()
     median = {name: statistics.median(v) for name, v in per_block.items()}

@@ -595,7 +595,7 @@ class BlockManager:
                 found = index.get(key)
                 if found is None:
                     index[key] = b
-                elif type(found) is int:
+                elif isinstance(found, int):
                     index[key] = [found, b]
                 else:
                     found.append(b)
@@ -679,7 +679,7 @@ class BlockManager:
             key = hashes[b]
             if key is not None:
                 found = index[key]
-                if type(found) is int:
+                if isinstance(found, int):
                     del index[key]
                 else:
                     found.remove(b)

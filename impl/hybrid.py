@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 import xxhash
-
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,
@@ -297,7 +296,7 @@ class HybridBlockManager:
             found = index.get(tag + k)
             if found is None:
                 break
-            out.append(found if type(found) is int else found[0])
+            out.append(found if isinstance(found, int) else found[0])
         if scan is not None and scan[0] is fine:
             scan[1][g] = (limit, out)
         return out
@@ -399,7 +398,7 @@ class HybridBlockManager:
                 key = hashes[b]
                 if key is not None:
                     found = index[key]
-                    if type(found) is int:
+                    if isinstance(found, int):
                         del index[key]
                     else:
                         found.remove(b)
