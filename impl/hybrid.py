@@ -495,7 +495,7 @@ class HybridBlockManager:
         for g in range(len(self.groups)):
             table = request.tables[g]
             entries = self._keyed_entries(g, settled, now, boundaries)
-            if slow or self._mamba[g]:
+            if slow or self._mamba[g] or not isinstance(entries, range):  # a few need-set entries
                 for j in entries:
                     b = table[j]
                     assert b is not None
@@ -503,14 +503,17 @@ class HybridBlockManager:
                         self._register(rid, request, g, j)
                 continue
             tag, step, B, olen = self._tags[g], self._step[g], self.groups[g].block_size, self._olen
-            for j in entries:  # _register inlined (no events, no pending states)
-                b = table[j]
+            lo, hi = entries.start, entries.stop  # full and chunked groups: a run of entries
+            # _register inlined (no events, no pending states): entry j's block, its fine key and
+            # the prefix length it stands for, walked together
+            for b, k, length in zip(table[lo:hi], fine[(lo + 1) * step - 1 : hi * step : step],
+                                    range((lo + 1) * B, (hi + 1) * B, B)):
                 assert b is not None
                 if hashes[b] is None:
-                    key = tag + fine[(j + 1) * step - 1]
+                    key = tag + k
                     hashes[b] = key
                     origin[b] = fine
-                    olen[b] = (j + 1) * B
+                    olen[b] = length
                     found = index.get(key)
                     if found is None:
                         index[key] = b
