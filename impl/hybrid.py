@@ -366,11 +366,6 @@ class HybridBlockManager:
 
     # ----- the free_block_queue -------------------------------------------------------------
 
-    def _touch(self, b: int) -> None:
-        if self._ref[b] == 0:
-            self._free.remove(b)
-        self._ref[b] += 1
-
     def _pop(self, g: int) -> int:
         b = self._free.popleft()
         self.num_pops += 1
