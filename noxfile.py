@@ -192,6 +192,16 @@ def engines(session: nox.Session) -> None:
         "tests/test_engines_replay.py",
         env={"PAGEDPREFIX_REQUIRE_ENGINES": "1"},
     )
+    # impl against the pinned vLLM on a Mooncake slice (issue 21 section 4): >= 3x, gated at half in
+    # quick mode like `nox -s bench`; about 30 s on a shared 2-core machine.
+    session.run(
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "benchmarks/test_bench_engines.py",
+        env={"PAGEDPREFIX_REQUIRE_ENGINES": "1", "PAGEDPREFIX_BENCH": "quick"},
+    )
     # Every pip install line of README.md and conformance/engines/README.md, each fenced block in a
     # fresh venv, then what it claims to enable (marked slow: wheels from PyPI, the pip cache reused).
     # Measured on a shared 2-core machine, warm pip cache: 9 venvs, about 15 min (torch blocks 2-3 min).

@@ -223,6 +223,55 @@ class FreeBlockQueue:
         self.remove(b)
         return b
 
+    def popleft_many(self, count: int) -> list[int]:
+        """Remove and return the first ``count`` blocks, head first: the same as ``count`` calls of
+        :meth:`popleft`, in O(count) with one relink. Raises ``IndexError`` (changing nothing)
+        when fewer than ``count`` blocks are free."""
+        if count > self.size:
+            raise IndexError(f"pop of {count} blocks from a free_block_queue of {self.size}")
+        nxt, prv, s = self._next, self._prev, self._sentinel
+        out: list[int] = []
+        b = nxt[s]
+        for _ in range(count):
+            out.append(b)
+            following = nxt[b]
+            nxt[b] = prv[b] = -1
+            b = following
+        nxt[s] = b
+        prv[b] = s
+        self.size -= count
+        return out
+
+    def extend(self, blocks: Sequence[int]) -> None:
+        """Put ``blocks`` (none in the queue, no repeats) at the tail in their order: the same as
+        :meth:`append` of each. O(len(blocks))."""
+        if not blocks:
+            return
+        nxt, prv, s = self._next, self._prev, self._sentinel
+        before = prv[s]
+        for b in blocks:
+            nxt[before] = b
+            prv[b] = before
+            before = b
+        nxt[before] = s
+        prv[s] = before
+        self.size += len(blocks)
+
+    def prepend(self, blocks: Sequence[int]) -> None:
+        """Put ``blocks`` (none in the queue, no repeats) at the head in their order, ``blocks[0]``
+        first: the same as :meth:`appendleft` of each, last first. O(len(blocks))."""
+        if not blocks:
+            return
+        nxt, prv, s = self._next, self._prev, self._sentinel
+        after = nxt[s]
+        for b in reversed(blocks):
+            nxt[b] = after
+            prv[after] = b
+            after = b
+        nxt[s] = after
+        prv[after] = s
+        self.size += len(blocks)
+
     def remove(self, block: int) -> None:
         """Unlink ``block`` from wherever it is. The caller guarantees it is in the queue."""
         nxt, prv = self._next, self._prev
@@ -538,6 +587,19 @@ class BlockManager:
         """Register the newly full blocks ``first .. stop - 1`` in table order; with events on,
         one ``BlockStored`` per run of consecutive blocks that got keys (as the spec does)."""
         events = self._events
+        if events is None and not self._verify and not self._dedup:  # _register inlined
+            hashes, index, table, keys = self._hash, self._index, request.block_table, request.keys
+            for i in range(first, stop):
+                b, key = table[i], keys[i]
+                hashes[b] = key
+                found = index.get(key)
+                if found is None:
+                    index[key] = b
+                elif isinstance(found, int):
+                    index[key] = [found, b]
+                else:
+                    found.append(b)
+            return
         if events is None:
             for i in range(first, stop):
                 self._register(request, i)
@@ -600,6 +662,34 @@ class BlockManager:
             self._evict(b)
         self._ref[b] = 1
         return b
+
+    def _pop_many(self, count: int) -> list[int]:
+        """``count`` calls of :meth:`_pop_free` in one run: the free_block_queue unlinked once, the
+        evictions inlined (``_evict``'s work) when neither events nor ``verify_tokens`` are on."""
+        blocks = self._free.popleft_many(count)
+        hashes, ref = self._hash, self._ref
+        if self._verify or self._events is not None:
+            for b in blocks:
+                if hashes[b] is not None:
+                    self._evict(b)
+                ref[b] = 1
+            return blocks
+        index, evicted = self._index, 0
+        for b in blocks:
+            key = hashes[b]
+            if key is not None:
+                found = index[key]
+                if isinstance(found, int):
+                    del index[key]
+                else:
+                    found.remove(b)
+                    if len(found) == 1:
+                        index[key] = found[0]
+                hashes[b] = None
+                evicted += 1
+            ref[b] = 1
+        self.num_evictions += evicted
+        return blocks
 
     def _release(self, b: int) -> None:
         """One reference fewer; at ``ref_cnt == 0`` the block joins the free_block_queue: at the
@@ -688,7 +778,7 @@ class BlockManager:
                 ref[b] += 1
             else:  # free and cached: leaves the free_block_queue
                 self._touch(b)
-        table = hits + [self._pop_free() for _ in range(need)]
+        table = hits + self._pop_many(need)
         request = _Request(buf, extras, table, keys)
         self._requests[rid] = request
         self._register_range(request, len(hits), len(keys))
@@ -757,12 +847,21 @@ class BlockManager:
         """
         request = self._live(request_id)
         del self._requests[check_request_id(request_id)]
-        ref = self._ref
+        ref, hashes, u2h = self._ref, self._hash, self._unhashed_to_head
+        tail: list[int] = []  # appended in release order
+        head: list[int] = []  # each pushed at the head in release order: the last one ends first
         for b in reversed(request.block_table):
-            if ref[b] > 1:  # still shared: just one reference fewer
-                ref[b] -= 1
+            r = ref[b] - 1
+            ref[b] = r
+            if r:  # still shared: just one reference fewer
+                continue
+            if u2h and hashes[b] is None:
+                head.append(b)
             else:
-                self._release(b)
+                tail.append(b)
+        self._free.extend(tail)
+        head.reverse()
+        self._free.prepend(head)
         # A preempted request comes back with the same tokens: keep its keys for that lookup.
         self._memo = (request.tokens, request.extras, request.keys)
 

@@ -28,11 +28,14 @@ only, and the prefix length), which is all :meth:`orphans` needs. Costs: ``looku
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from array import array
 from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate
 
+import xxhash
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,
@@ -86,8 +89,8 @@ __all__ = ["IMPL_HYBRID_BYTES_PER_BLOCK", "HybridBlockManager"]
 
 IMPL_HYBRID_BYTES_PER_BLOCK = 40
 """Bytes an empty :class:`HybridBlockManager` pool takes per block: ``ref_cnt`` (4), the key and
-origin slots (16), the free queue's links (8), the group byte, rounded up (the estimate
-:meth:`HybridBlockManager.create` checks against the memory available)."""
+origin slots (16), the origin length (4), the free queue's links (8), the group byte, rounded up
+(the estimate :meth:`HybridBlockManager.create` checks against the memory available)."""
 
 Table = list[int | None]
 Tables = tuple[tuple[int | None, ...], ...]
@@ -141,7 +144,8 @@ class HybridBlockManager:
         self._n = n
         self._ref = array("i", bytes(4 * n))
         self._hash: list[bytes | None] = [None] * n
-        self._origin: list[Origin | None] = [None] * n
+        self._origin: list[list[bytes] | None] = [None] * n  # the chain a key was selected from
+        self._olen = array("i", bytes(4 * n))  # ... and the prefix length (tokens) it stands for
         self._group = array("b", bytes(n))
         self._free = FreeBlockQueue(n)
         self._u2h = config.free_order == "unhashed_to_head"
@@ -149,12 +153,20 @@ class HybridBlockManager:
         self._index: dict[bytes, int | list[int]] = {}
         self._pending: dict[int, tuple[RequestId, bytes]] = {}
         self._requests: dict[RequestId, _HRequest] = {}
+        # Within one admission (allocate sets it; the index is unchanged meanwhile): the chain
+        # and, per full group, the entries scanned by _leading and the blocks found.
+        self._scan: tuple[list[bytes], dict[int, tuple[int, list[int]]]] | None = None
+        # Fine chains of prompts likely admitted next (_remember): (tokens, extras, chain).
+        self._memo: tuple[tuple[array[int], Extras, list[bytes]], ...] | None = None
         self._hash_fn = hash_function(config.hash_algo, hash_seed)
         self._pre = b"PPBK" + u32(len(root))  # every parent has the root's length
+        self._mid = u32(self.h)
+        self._block_struct = struct.Struct(f"{4 * self.h}s")  # one fine block's token bytes
         self._tags = [GROUP_KEY_TAG + u32(g) for g in range(len(self.groups))]
         self._step = [g.block_size // self.h for g in self.groups]  # fine blocks per entry
         self._mamba = [g.kind == "mamba" for g in self.groups]
         self._first = first_lookup_class(self.groups)  # the junction's groups (spec ``_junction``)
+        self._any_mamba = any(self._mamba)
 
     @classmethod
     def create(cls, config: CacheConfig, *, events: bool = False) -> HybridBlockManager:
@@ -182,17 +194,45 @@ class HybridBlockManager:
         if count <= first:
             return
         data = token_bytes(tokens[first * h : count * h])
-        parent = fine[-1] if fine else self.root
-        width = 4 * h
-        plain = _is_plain(extras)
-        pre, mid, join = self._pre, u32(h), b"".join
-        for i in range(first, count):
-            block = data[(i - first) * width : (i - first + 1) * width]
-            if plain:
-                parent = fn(join((pre, parent, mid, block, _NO_FIELDS)))
+        p = fine[-1] if fine else self.root
+        blocks = self._block_struct.iter_unpack(data)  # each block's token bytes, split in C
+        if _is_plain(extras):
+            pre, mid, t, join = self._pre, self._mid, _NO_FIELDS, b"".join
+            algo = self.config.hash_algo
+            if algo == "sha256":  # the digest call inlined (spec/keys.py's function, unwrapped)
+                sha256 = hashlib.sha256
+                fine.extend([p := sha256(join((pre, p, mid, b, t))).digest() for (b,) in blocks])
+            elif algo == "xxh3_128":
+                xxh3, seed = xxhash.xxh3_128_digest, 0 if self.hash_seed is None else self.hash_seed
+                fine.extend([p := xxh3(join((pre, p, mid, b, t)), seed) for (b,) in blocks])
             else:
-                parent = fn(encode_block_preimage(parent, block, encode_tail(extras, i, h)))
-            fine.append(parent)
+                fine.extend([p := fn(join((pre, p, mid, b, t))) for (b,) in blocks])
+            return
+        for i, (block,) in enumerate(blocks, first):
+            p = fn(encode_block_preimage(p, block, encode_tail(extras, i, h)))
+            fine.append(p)
+
+    def _fine_of(self, tokens: array[int], extras: Extras) -> list[bytes]:
+        """The fine chain of a parsed prompt: a remembered one (:meth:`_remember`) when the
+        tokens and extras are equal, else hashed now."""
+        for remembered, their_extras, fine in self._memo or ():
+            if their_extras == extras and remembered == tokens:
+                return fine
+        fine = []
+        self._chain(tokens, extras, fine)
+        return fine
+
+    def _remember(self, tokens: array[int], extras: Extras, fine: list[bytes]) -> None:
+        """Keep the chain of a prompt likely to be admitted next: a lookup's, a refused
+        admission's (retried after the next ``free``), a freed request's (preemption sends it
+        again). Two at most, the newest first; no live request owns a remembered chain."""
+        kept = [m for m in self._memo or () if m[2] is not fine][:1]
+        self._memo = ((tokens, extras, fine), *kept)
+
+    def _forget(self, fine: list[bytes]) -> None:
+        """Drop ``fine`` from the remembered chains: a request now owns it."""
+        if self._memo is not None:
+            self._memo = tuple(m for m in self._memo if m[2] is not fine) or None
 
     def _key(self, fine: Sequence[bytes], g: int, j: int) -> bytes:
         return self._tags[g] + fine[(j + 1) * self._step[g] - 1]
@@ -249,17 +289,57 @@ class HybridBlockManager:
         flags = [(tag + fine[(j + 1) * step - 1]) in index for j in range(entries)]
         return [0, *accumulate(flags)]
 
+    def _leading(self, fine: Sequence[bytes], g: int, limit: int) -> list[int]:
+        """The blocks (first copy each, as ``_find`` picks) of group ``g``'s leading cached
+        entries, at most ``limit``: one index probe per entry, stopping at the first miss."""
+        scan = self._scan
+        if scan is not None and scan[0] is fine and g in scan[1]:
+            scanned, blocks = scan[1][g]
+            if limit <= scanned or len(blocks) < scanned:  # covered, or it stopped at a miss
+                return blocks[:limit]
+        index, tag, step = self._index, self._tags[g], self._step[g]
+        out: list[int] = []
+        for k in fine[step - 1 : limit * step : step]:
+            found = index.get(tag + k)
+            if found is None:
+                break
+            out.append(found if isinstance(found, int) else found[0])
+        if scan is not None and scan[0] is fine:
+            scan[1][g] = (limit, out)
+        return out
+
     def _longest(self, fine: Sequence[bytes], num_tokens: int, groups: Sequence[int]) -> int:
-        """The largest multiple of ``A`` at most ``num_tokens - 1`` valid in each of ``groups``."""
-        top = replay_boundary(num_tokens, self.align)
+        """The largest multiple of ``A`` at most ``num_tokens - 1`` valid in each of ``groups``.
+
+        A full group is valid at ``L`` exactly when its first ``L / B`` entries are cached, so its
+        leading cached run caps ``L``. Every other need set is a run of entries ending at entry
+        ``L / B`` whose start never decreases with ``L``: when entry ``j`` of it is missing, no
+        candidate above ``j * B`` is valid either, so the scan jumps there. Each probe is one dict
+        lookup; a hit costs O(leading entries + need-set entries), a miss O(1) per group.
+        """
+        align = self.align
+        top = replay_boundary(num_tokens, align)
         if top == 0:
             return 0
-        sums = {g: self._cached_sums(fine, g, top // self.groups[g].block_size) for g in groups}
-        for length in range(top, 0, -self.align):
-            for g in groups:
-                s = sums[g]
-                need = need_set(self.groups[g], length)
-                if s[need.stop] - s[need.start] != len(need):
+        others: list[int] = []
+        for g in groups:
+            if self.groups[g].kind == "full":
+                B = self.groups[g].block_size
+                top = min(top, len(self._leading(fine, g, top // B)) * B // align * align)
+                if top == 0:
+                    return 0
+            else:
+                others.append(g)
+        length, index = top, self._index
+        while length > 0:
+            for g in others:
+                group, tag, step = self.groups[g], self._tags[g], self._step[g]
+                need = need_set(group, length)
+                missing = next(
+                    (j for j in reversed(need) if tag + fine[(j + 1) * step - 1] not in index), None
+                )
+                if missing is not None:
+                    length = missing * group.block_size // align * align
                     break
             else:
                 return length
@@ -284,17 +364,14 @@ class HybridBlockManager:
 
     def _hit_table(self, fine: Sequence[bytes], g: int, hit: int) -> Table:
         group = self.groups[g]
+        if group.kind == "full":  # need set 0 .. hit/B - 1, all cached (the hit says so)
+            return list(self._leading(fine, g, hit // group.block_size))
         table: Table = [None] * (hit // group.block_size)
         for j in need_set(group, hit):
             table[j] = self._find(self._key(fine, g, j), published_only=self._mamba[g])
         return table
 
     # ----- the free_block_queue -------------------------------------------------------------
-
-    def _touch(self, b: int) -> None:
-        if self._ref[b] == 0:
-            self._free.remove(b)
-        self._ref[b] += 1
 
     def _pop(self, g: int) -> int:
         b = self._free.popleft()
@@ -305,6 +382,41 @@ class HybridBlockManager:
         self._ref[b] = 1
         self._group[b] = g
         return b
+
+    def _pops(self, g: int, count: int) -> list[int]:
+        """``count`` pops for group ``g`` in order: the same as ``count`` calls of :meth:`_pop`,
+        with the free_block_queue unlinked in one run and the evictions inlined."""
+        blocks = self._free.popleft_many(count)
+        self.num_pops += count
+        hashes, ref, group = self._hash, self._ref, self._group
+        if self._events is not None or self._pending:
+            for b in blocks:
+                if hashes[b] is not None:
+                    self._unkey(b)
+                    self.num_evictions += 1
+        else:
+            index, origin, evicted = self._index, self._origin, 0
+            for b in blocks:
+                key = hashes[b]
+                if key is not None:
+                    found = index[key]
+                    if isinstance(found, int):
+                        del index[key]
+                    else:
+                        found.remove(b)
+                        if len(found) == 1:
+                            index[key] = found[0]
+                    hashes[b] = None
+                    origin[b] = None
+                    evicted += 1
+                ref[b] = 1
+                group[b] = g
+            self.num_evictions += evicted
+            return blocks
+        for b in blocks:
+            ref[b] = 1
+            group[b] = g
+        return blocks
 
     def _release(self, b: int) -> None:
         ref = self._ref[b] - 1
@@ -319,26 +431,30 @@ class HybridBlockManager:
     def _release_batch(self, blocks: Sequence[int]) -> None:
         """The spec's release batch: unkeyed blocks (``unhashed_to_head``) prepended in release
         order, the others appended in release order."""
-        ref, hashes, free = self._ref, self._hash, self._free
+        ref, hashes, u2h = self._ref, self._hash, self._u2h
         head: list[int] = []
+        tail: list[int] = []
         for b in blocks:
             r = ref[b] - 1
             ref[b] = r
             if r:
                 continue
-            if self._u2h and hashes[b] is None:
+            if u2h and hashes[b] is None:
                 head.append(b)
             else:
-                free.append(b)
-        for b in reversed(head):
-            free.appendleft(b)
+                tail.append(b)
+        if tail:
+            self._free.extend(tail)
+        if head:
+            self._free.prepend(head)
 
     def _register(self, rid: RequestId, request: _HRequest, g: int, j: int) -> None:
         b = request.tables[g][j]
         assert b is not None
         key = self._key(request.fine, g, j)
         self._hash[b] = key
-        self._origin[b] = (request.fine, (j + 1) * self.groups[g].block_size)
+        self._origin[b] = request.fine
+        self._olen[b] = (j + 1) * self.groups[g].block_size
         self._index_add(key, b)
         if self._mamba[g]:
             self._pending[b] = (rid, key)
@@ -376,14 +492,35 @@ class HybridBlockManager:
         self, rid: RequestId, request: _HRequest, settled: int, boundaries: Sequence[int]
     ) -> None:
         now = len(request.tokens)
-        hashes = self._hash
+        hashes, index, origin, fine = self._hash, self._index, self._origin, request.fine
+        slow = self._events is not None
         for g in range(len(self.groups)):
             table = request.tables[g]
-            for j in self._keyed_entries(g, settled, now, boundaries):
-                b = table[j]
+            entries = self._keyed_entries(g, settled, now, boundaries)
+            if slow or self._mamba[g] or not isinstance(entries, range):  # a few need-set entries
+                for j in entries:
+                    b = table[j]
+                    assert b is not None
+                    if hashes[b] is None:
+                        self._register(rid, request, g, j)
+                continue
+            tag, step, B, olen = self._tags[g], self._step[g], self.groups[g].block_size, self._olen
+            lo, hi = entries.start, entries.stop  # full and chunked groups: a run of entries
+            # _register inlined (no events, no pending states): entry j's block, its fine key and
+            # the prefix length it stands for, walked together
+            for b, k, length in zip(table[lo:hi], fine[(lo + 1) * step - 1 : hi * step : step],
+                                    range((lo + 1) * B, (hi + 1) * B, B)):
                 assert b is not None
                 if hashes[b] is None:
-                    self._register(rid, request, g, j)
+                    key = tag + k
+                    hashes[b] = key
+                    origin[b] = fine
+                    olen[b] = length
+                    found = index.get(key)
+                    if found is None:
+                        index[key] = b
+                    else:
+                        self._index_add(key, b)
 
     def _release_checkpoints(
         self, request: _HRequest, popped: Sequence[Sequence[int]], n: int
@@ -416,6 +553,10 @@ class HybridBlockManager:
         return rid
 
     def _live(self, request_id: object) -> tuple[RequestId, _HRequest]:
+        if type(request_id) is int or type(request_id) is str:  # fast path: a valid, live id
+            found = self._requests.get(request_id)
+            if found is not None:
+                return request_id, found
         rid = check_request_id(request_id)
         request = self._requests.get(rid)
         if request is None:
@@ -432,8 +573,8 @@ class HybridBlockManager:
         nothing. Raises :class:`InvalidTokens`, :class:`InvalidExtras`."""
         buf = parse_tokens(tokens)
         check_extras(extras, len(buf))
-        fine: list[bytes] = []
-        self._chain(buf, extras, fine)
+        fine = self._fine_of(buf, extras)
+        self._remember(buf, extras, fine)
         return self._hit(fine, len(buf))
 
     def allocate(
@@ -446,13 +587,17 @@ class HybridBlockManager:
         buf = parse_tokens(tokens)
         check_extras(extras, len(buf))
         n = len(buf)
-        fine: list[bytes] = []
-        self._chain(buf, extras, fine)
-        hit = self._hit(fine, n)
-        if self._deferred(fine, hit):
-            raise Deferred(f"the hit of {hit} tokens uses a recurrent state keyed in this step")
-        boundaries = self._admission_boundaries(n, hit, self._junction(fine, n, hit))
-        tables = [self._hit_table(fine, g, hit) for g in range(len(self.groups))]
+        fine = self._fine_of(buf, extras)
+        self._scan = (fine, {})  # the index does not change until the tables are built
+        try:
+            hit = self._hit(fine, n)
+            if self._deferred(fine, hit):
+                self._remember(buf, extras, fine)
+                raise Deferred(f"the hit of {hit} tokens uses a recurrent state keyed in this step")
+            boundaries = self._admission_boundaries(n, hit, self._junction(fine, n, hit))
+            tables = [self._hit_table(fine, g, hit) for g in range(len(self.groups))]
+        finally:
+            self._scan = None
         popped: list[list[int]] = []
         for g, group in enumerate(self.groups):
             last = num_entries(group, n) - 1
@@ -465,17 +610,25 @@ class HybridBlockManager:
         evictable = {b for t in tables for b in t if b is not None and ref[b] == 0}
         available = self._free.size - len(evictable)
         if need > available:
+            self._remember(buf, extras, fine)  # the scheduler retries it
             raise OutOfBlocks(need, available, self._n, self._total_blocks(n))
 
+        self._forget(fine)  # the request owns (and extends) the chain from now on
+        remove = self._free.remove
         for table in tables:
             for b in table:
                 if b is not None:
-                    self._touch(b)
+                    if ref[b] == 0:
+                        remove(b)
+                    ref[b] += 1
         for g, entries in enumerate(popped):
             table = tables[g]
             table.extend([None] * (num_entries(self.groups[g], n) - len(table)))
-            for j in entries:
-                table[j] = self._pop(g)
+            if entries and not self._mamba[g]:  # one run: entries == range(hit / B, last + 1)
+                table[entries[0] :] = self._pops(g, len(entries))
+            else:
+                for j in entries:
+                    table[j] = self._pop(g)
         request = _HRequest(buf, extras, tables, fine)
         for g, group in enumerate(self.groups):
             request.low[g] = need_set(group, hit).start
@@ -499,13 +652,11 @@ class HybridBlockManager:
                         batch.append(b)
                 request.low[g] = max(request.low[g], running)
             else:
-                first = need_set(group, settled).start
-                for j in range(first - 1, request.low[g] - 1, -1):
-                    b = table[j]
-                    if b is not None:
-                        table[j] = None
-                        batch.append(b)
-                request.low[g] = max(request.low[g], first)
+                first, low = need_set(group, settled).start, request.low[g]
+                if first > low:  # entries low .. first - 1 leave, newest first
+                    batch = [b for b in reversed(table[low:first]) if b is not None]
+                    table[low:first] = [None] * (first - low)
+                    request.low[g] = first
             if batch:
                 self._release_batch(batch)
 
@@ -555,8 +706,11 @@ class HybridBlockManager:
                 table[j] = self._pop(g)
         request.tokens.extend(new)
         self._chain(request.tokens, request.extras, request.fine)
-        self._register_all(rid, request, old_len, boundaries)
-        released = self._release_checkpoints(request, popped, new_len)
+        # Nothing to key unless a dense boundary is crossed or the cacheable length grows
+        # (what _keyed_entries selects for every kind of group).
+        if boundaries or cacheable(new_len, self.align) > cacheable(old_len, self.align):
+            self._register_all(rid, request, old_len, boundaries)
+        released = self._release_checkpoints(request, popped, new_len) if self._any_mamba else ()
         return HybridAppendResult(tuple(copies), _frozen(request.tables), released)
 
     def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult:
@@ -593,6 +747,7 @@ class HybridBlockManager:
         :class:`InvalidRequestId`, :class:`UnknownRequest`."""
         rid, request = self._live(request_id)
         del self._requests[rid]
+        self._remember(request.tokens, request.extras, request.fine)
         if self._pending:
             for b, (producer, key) in list(self._pending.items()):
                 if producer == rid and self._hash[b] == key:
@@ -687,10 +842,9 @@ class HybridBlockManager:
         need-set entries of complete and of stranded prefixes: O(entries of the chains).
         """
         first_origin: dict[bytes, Origin] = {}
-        for origin in self._origin:
-            if origin is not None and origin[1] % self.align == 0:
-                fine, length = origin
-                first_origin.setdefault(fine[length // self.h - 1], origin)
+        for chain, length in zip(self._origin, self._olen):
+            if chain is not None and length % self.align == 0:
+                first_origin.setdefault(chain[length // self.h - 1], (chain, length))
         chains: dict[int, tuple[list[bytes], list[int]]] = {}
         for fine, length in first_origin.values():
             chains.setdefault(id(fine), (fine, []))[1].append(length)

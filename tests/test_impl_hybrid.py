@@ -85,3 +85,54 @@ def test_create_manager_picks_the_hybrid_manager_only_for_hybrid_groups() -> Non
     assert type(create_manager(CacheConfig(4, 8, groups=(full(4),)))) is BlockManager
     assert type(create_manager(CacheConfig(4, 8, groups=(full(4), sliding(8, 4))))) is HybridBlockManager
     assert type(create_cache(CacheConfig(4, 8, groups=(full(4), sliding(8, 4))))) is HybridSpecCache
+
+
+# ----- the remembered fine chains (impl/hybrid.py ``_remember``) ------------------------------------
+
+MEMO_GROUPS = (full(4), sliding(8, 4))
+
+
+def _both() -> tuple[HybridSpecCache, HybridBlockManager]:
+    config = CacheConfig(4, 64, hash_seed=1, groups=MEMO_GROUPS)
+    return HybridSpecCache.create(config), HybridBlockManager.create(config)
+
+
+def test_remembered_chain_needs_equal_extras() -> None:
+    """A lookup's chain is not reused for the same tokens under another cache_salt: the salted
+    admission misses, as in the spec (a memo keyed on tokens alone would hit the other tenant's
+    blocks)."""
+    from pagedprefix.spec import Extras
+
+    tokens = list(range(20))
+    a, b = Extras(cache_salt="a"), Extras(cache_salt="b")
+    for cache in _both():
+        cache.allocate("r0", tokens, a)
+        cache.free("r0")
+        assert cache.lookup(tokens, a) == 16
+        assert cache.allocate("r1", tokens, b).num_computed_tokens == 0
+        assert cache.allocate("r2", tokens, a).num_computed_tokens == 16
+    spec, impl = _both()
+    for cache in (spec, impl):
+        cache.allocate("r0", tokens, a)
+        cache.free("r0")
+        cache.lookup(tokens, a)
+        cache.allocate("r1", tokens, b)
+    assert spec.snapshot() == impl.snapshot()
+
+
+def test_remembered_chain_is_owned_once() -> None:
+    """A freed request's chain, reused by its re-admission, is not handed to a third admission of
+    the same tokens after the second one extended it (two live requests would share one chain)."""
+    tokens = list(range(20))
+    spec, impl = _both()
+    for cache in (spec, impl):
+        cache.allocate("a", tokens)
+        cache.free("a")  # remembered: (tokens, chain)
+        cache.allocate("b", tokens)  # takes the remembered chain
+        cache.append("b", [7, 7, 7, 7, 7])  # extends b's chain by a full block
+        cache.allocate("c", tokens)
+        cache.append("c", [9, 9, 9, 9, 9])
+    impl.check_integrity()  # every live chain has exactly len(tokens) // h entries
+    assert spec.snapshot() == impl.snapshot()
+    for rid in ("b", "c"):
+        assert impl.block_tables(rid) == spec.block_tables(rid)

@@ -104,6 +104,61 @@ def test_queue_matches_a_list(n: int, ops: list[tuple[str, int]]) -> None:
     q.check()
 
 
+def test_queue_batch_operations_literal() -> None:
+    """popleft_many, extend and prepend: the orders of the one-by-one calls they stand for."""
+    q = FreeBlockQueue(6)
+    assert q.popleft_many(0) == [] and list(q) == [0, 1, 2, 3, 4, 5]
+    assert q.popleft_many(4) == [0, 1, 2, 3] and list(q) == [4, 5] and 0 not in q and 3 not in q
+    q.extend([2, 0])  # = append(2); append(0)
+    q.prepend([3, 1])  # = appendleft(1); appendleft(3): 3 ends first
+    assert list(q) == [3, 1, 4, 5, 2, 0] and len(q) == 6
+    q.check()
+    assert q.popleft_many(6) == [3, 1, 4, 5, 2, 0] and len(q) == 0 and list(q) == []
+    q.prepend([5])  # into an empty queue
+    q.extend([4])
+    assert list(q) == [5, 4]
+    q.check()
+
+
+def test_queue_popleft_many_refuses_more_than_it_holds() -> None:
+    """Asking for more blocks than are free raises and unlinks nothing (a loop that popped as far
+    as it could would leave the queue short)."""
+    q = FreeBlockQueue(3)
+    q.popleft()
+    with pytest.raises(IndexError):
+        q.popleft_many(3)
+    assert list(q) == [1, 2] and len(q) == 2
+    q.check()
+
+
+@given(
+    n=st.integers(1, 12),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["popleft_many", "extend", "prepend", "remove"]), st.integers(0, 2**12))
+    ),
+)
+def test_queue_batches_match_a_list(n: int, ops: list[tuple[str, int]]) -> None:
+    """Batched pops and pushes leave the same order as a plain list doing them one by one."""
+    q, model = FreeBlockQueue(n), list(range(n))
+    for op, x in ops:
+        if op == "popleft_many":
+            count = x % (len(model) + 1)
+            assert q.popleft_many(count) == model[:count]
+            del model[:count]
+        elif op == "remove":
+            if x % n in model:
+                q.remove(x % n)
+                model.remove(x % n)
+        else:  # a subset of the blocks not in the queue, in an order drawn from x
+            outside = [b for b in range(n) if b not in model]
+            blocks = [b for i, b in enumerate(outside) if x >> i & 1]
+            blocks = blocks[x % 3 :] + blocks[: x % 3]
+            getattr(q, op)(blocks)
+            model = model + blocks if op == "extend" else blocks + model
+        assert list(q) == model and len(q) == len(model)
+    q.check()
+
+
 # --------------------------------------------------------------------------------------------------
 # The encoder
 # --------------------------------------------------------------------------------------------------

@@ -193,3 +193,14 @@ def test_command_rejects_bad_input(app: typer.Typer) -> None:
     for option in ("--trace", "--num-blocks", "--block-size", "--limit", "--max-running", "--plot", "--csv",
                    "--json", "--engines", "--memory"):
         assert option in help_text
+
+
+def test_engine_time_reads_the_given_clock(requests: list[TraceRequest]) -> None:
+    """``run_engine(clock=...)`` times every engine call with that clock and nothing else: a clock
+    that ticks once per read gives exactly one second per operation (a proxy that kept reading
+    ``perf_counter``, or timed the probes between calls, would not)."""
+    ticks = iter(range(10**9))
+    run = run_engine(requests[:20], ReplayConfig(block_size=16, num_blocks=SMALL),
+                     ENGINES[0], memory="none", clock=lambda: float(next(ticks)))
+    assert run.result.operations > 20
+    assert run.engine_s == run.result.operations
