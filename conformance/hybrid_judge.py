@@ -287,7 +287,7 @@ class HybridJudge(Judge):
             got = None if data is None or data.group != g else data.slots.get(s)
             if got != req.idents[p]:
                 state = "was never written" if got is None else "holds KV of other content"
-                why = "" if got is None else f": {self.differs(got, req.idents[p], j * B)}"
+                why = "" if got is None else f": {self.differs(got, req.idents[p], j * B, f'block {b}')}"
                 self.fail(prop, f"{what}: group {g} entry {j}, position {p} in block {b} {state}{why}")
 
     # ----- the run ----------------------------------------------------------------------------

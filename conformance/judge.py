@@ -461,7 +461,8 @@ class Judge:
             got = self._slot(b)[p % self.B]
             if got != req.idents[p]:
                 state = "was never written" if got is None else "holds KV of other content"
-                why = "" if got is None else f": {self.differs(got, req.idents[p], p - p % self.B)}"
+                first = p - p % self.B
+                why = "" if got is None else ": " + self.differs(got, req.idents[p], first, f"block {b}")
                 self.fail("hit-content", f"{what} hit {h} tokens, but position {p} in block {b} {state}{why}")
         hit_blocks = -(-h // self.B)
         self._write_positions(holders, rid, req, table, h, lambda j: j < hit_blocks, "a block it hit")

@@ -103,7 +103,7 @@ def test_hit_content_says_the_tokens_are_equal_and_only_the_extras_differ() -> N
     assert result.violation.message == (
         'allocate("b", [1, 1, 1], {"cache_salt": "a#1"}) hit 2 tokens, but position 0 in block 0 '
         "holds KV of other content: the tokens are equal, only the extras differ: "
-        '{"lora": {"id": 1, "name": "a"}} in the block, {"cache_salt": "a#1"} in this request'
+        '{"lora": {"id": 1, "name": "a"}} in block 0, {"cache_salt": "a#1"} in this request'
     )
 
 
