@@ -246,8 +246,12 @@ class Judge:
         (_, h_lora, h_salt), h = self._chain(held)
         (_, w_lora, w_salt), w = self._chain(want)
         sides = f"in {held_name}, {{}} in {want_name}"
+        own_equal = len(h) == len(w) and all(h[k][1:] == w[k][1:] for k in range(first, len(w)))
         for i, (a, b) in enumerate(zip(h, w)):
-            parent = " (the parent chain differs: the block's own tokens are equal)" if i < first else ""
+            parent = ""
+            if i < first:
+                own = "are equal" if own_equal else "differ too"
+                parent = f" (the parent chain differs: the block's own tokens {own})"
             if a[1] != b[1]:
                 return f"the tokens differ at position {i}: {a[1]} {sides.format(b[1])}{parent}"
             if a[2] != b[2]:

@@ -12,8 +12,12 @@ edit after which the *same property* still fails:
 
 The passes repeat until none helps or the replay budget is spent. The budget is a *count* of
 replays, never a clock, so the same failure always shrinks to the same sequence.
-:func:`render_failure` prints the result with what the engine and the spec did at every step
-(the violating step included) and a ready-to-save vector.
+:func:`minimize` replays the minimal sequence once more with ``trace`` (pure table and free-count
+queries just before each ``step()``), so that :func:`render_failure` prints, besides what the
+engine and the spec did at every step (the violating step included) and a ready-to-save vector,
+what each ``step()`` changed (``step(): block_table(1) [1] -> [0]; num_free_blocks 0 -> 1``) and,
+when it precedes the violating step, the step where the engine's observable state first departs
+from the spec's (:func:`first_departure`: ``<-- departs from the spec here (...)``).
 """
 
 from __future__ import annotations

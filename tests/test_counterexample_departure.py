@@ -160,6 +160,11 @@ def test_differs_names_the_token_the_parent_chain_and_the_position() -> None:
         "the tokens differ at position 1: 2 in the block, 9 in this request "
         "(the parent chain differs: the block's own tokens are equal)"
     )
+    c = idents([1, 9, 3, 5])
+    assert judge.differs(a[3], c[3], first=2) == (
+        "the tokens differ at position 1: 2 in the block, 9 in this request "
+        "(the parent chain differs: the block's own tokens differ too)"
+    )
     assert judge.differs(a[1], b[1]) == "the tokens differ at position 1: 2 in the block, 9 in this request"
     assert judge.differs(a[2], a[3]) == (
         "the tokens agree, but the block holds the KV of position 2 where this request reads position 3"
