@@ -204,7 +204,8 @@ class HybridJudge(Judge):
                 self.fail(
                     prop,
                     f"request {writer!r} writes slot {slot} of block {b} (group {g}, {why}), which request "
-                    f"{rid!r} reads as its position {pos}",
+                    f"{rid!r} reads as its position {pos}: "
+                    + self.differs(ident, other.idents[pos], pos - slot, "the write", f"request {rid!r}"),
                 )
         data = self.data.get(b)
         if data is None or data.group != g or data.state is not None:
@@ -288,7 +289,10 @@ class HybridJudge(Judge):
                     f"{what}: group {g} entry {j} (block {b}) holds a state whose writer was "
                     "freed before new_step() (never written)",
                 )
-            state = "was never written" if data is None or data.state is None else "holds another state"
+            if data is None or data.state is None:
+                state = "was never written"
+            else:
+                state = f"holds another state: {self.differs(data.state, want)}"
             self.fail(prop, f"{what}: group {g} entry {j} (block {b}) {state}")
         B = group.block_size
         for s in range(B):
@@ -298,7 +302,8 @@ class HybridJudge(Judge):
             got = None if data is None or data.group != g else data.slots.get(s)
             if got != req.idents[p]:
                 state = "was never written" if got is None else "holds KV of other content"
-                self.fail(prop, f"{what}: group {g} entry {j}, position {p} in block {b} {state}")
+                why = "" if got is None else f": {self.differs(got, req.idents[p], j * B, f'block {b}')}"
+                self.fail(prop, f"{what}: group {g} entry {j}, position {p} in block {b} {state}{why}")
 
     # ----- the run ----------------------------------------------------------------------------
 

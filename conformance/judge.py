@@ -27,6 +27,7 @@ run); ``exact`` requires the identity.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,6 +126,21 @@ def first_error(step: Step, live: dict[RequestId, Req]) -> str | None:
     return None
 
 
+def _extras_text(lora: tuple[str, int] | None, salt: str) -> str:
+    """The extras of an identity's root, in the steps' JSON form (``no extras`` for none)."""
+    parts: dict[str, Json] = {}
+    if lora is not None:
+        parts["lora"] = {"id": lora[1], "name": lora[0]}
+    if salt:
+        parts["cache_salt"] = salt
+    return json.dumps(parts, sort_keys=True) if parts else "no extras"
+
+
+def _items_text(items: tuple[tuple[str, int], ...]) -> str:
+    """Multimodal items starting at one position, as ``identifier (length n)``; ``none``."""
+    return ", ".join(f"{ident!r} (length {n})" for ident, n in items) or "none"
+
+
 class _Kind(Exception):
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -181,6 +197,7 @@ class Judge:
         self.slots: dict[int, list[int | None]] = {}
         self.prev: Observation = {}
         self._interned: dict[tuple[Any, ...], int] = {}
+        self._keys: list[tuple[Any, ...]] = []
 
     # ----- reporting ------------------------------------------------------------------------
 
@@ -196,7 +213,63 @@ class Judge:
         if ident is None:
             ident = len(self._interned)
             self._interned[key] = ident
+            self._keys.append(key)
         return ident
+
+    def _chain(self, ident: int) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+        """The root key ``("root", lora, salt)`` of an identity and its per-position keys
+        ``(prev, token, starting multimodal items, prompt embedding)``, position 0 first."""
+        chain: list[tuple[Any, ...]] = []
+        key = self._keys[ident]
+        while key[0] != "root":
+            chain.append(key)
+            key = self._keys[key[0]]
+        chain.reverse()
+        return key, chain
+
+    def differs(
+        self,
+        held: int | None,
+        want: int,
+        first: int = 0,
+        held_name: str = "the block",
+        want_name: str = "this request",
+    ) -> str:
+        """Which part of the content differs when a slot holds identity ``held`` (the content
+        ``held_name`` has there) where ``want_name`` reads ``want``: the tokens (the first
+        position they differ at; before ``first``, the start of the block read, the block's own
+        tokens are equal and its parent chain differs), a multimodal item or prompt embedding at
+        a position, the position itself, or, with every token equal, only the extras (each
+        side's LoRA and ``cache_salt`` named). Reads the judge's model of what each slot holds."""
+        if held is None:
+            return "it was never written"
+        (_, h_lora, h_salt), h = self._chain(held)
+        (_, w_lora, w_salt), w = self._chain(want)
+        sides = f"in {held_name}, {{}} in {want_name}"
+        own_equal = len(h) == len(w) and all(h[k][1:] == w[k][1:] for k in range(first, len(w)))
+        for i, (a, b) in enumerate(zip(h, w)):
+            parent = ""
+            if i < first:
+                own = "are equal" if own_equal else "differ too"
+                parent = f" (the parent chain differs: the block's own tokens {own})"
+            if a[1] != b[1]:
+                return f"the tokens differ at position {i}: {a[1]} {sides.format(b[1])}{parent}"
+            if a[2] != b[2]:
+                return (
+                    f"the multimodal items starting at position {i} differ: {_items_text(a[2])} "
+                    f"{sides.format(_items_text(b[2]))}{parent}"
+                )
+            if a[3] != b[3]:
+                return f"the prompt embedding at position {i} differs{parent}"
+        if len(h) != len(w):
+            return (
+                f"the tokens agree, but {held_name} holds the KV of position {len(h) - 1} where "
+                f"{want_name} reads position {len(w) - 1}"
+            )
+        return (
+            f"the tokens are equal, only the extras differ: {_extras_text(h_lora, h_salt)} "
+            + sides.format(_extras_text(w_lora, w_salt))
+        )
 
     def _extend_idents(self, req: Req, new_tokens: list[int]) -> None:
         extras = req.extras
@@ -247,7 +320,8 @@ class Judge:
                 self.fail(
                     prop,
                     f"request {writer!r} writes slot {slot} of block {block} ({why}), which request "
-                    f"{rid!r} reads as its position {pos}",
+                    f"{rid!r} reads as its position {pos}: "
+                    + self.differs(ident, other.idents[pos], pos - slot, "the write", f"request {rid!r}"),
                 )
         self._slot(block)[slot] = ident
 
@@ -391,7 +465,9 @@ class Judge:
             got = self._slot(b)[p % self.B]
             if got != req.idents[p]:
                 state = "was never written" if got is None else "holds KV of other content"
-                self.fail("hit-content", f"{what} hit {h} tokens, but position {p} in block {b} {state}")
+                first = p - p % self.B
+                why = "" if got is None else ": " + self.differs(got, req.idents[p], first, f"block {b}")
+                self.fail("hit-content", f"{what} hit {h} tokens, but position {p} in block {b} {state}{why}")
         hit_blocks = -(-h // self.B)
         self._write_positions(holders, rid, req, table, h, lambda j: j < hit_blocks, "a block it hit")
         self.live[rid] = req
@@ -497,14 +573,42 @@ class Judge:
             if table is not None and self._canonicalized(req, list(table)):
                 req.table = list(table)
                 continue
+            why = "" if table is None else self._rewrite_refused(req, list(table))
             if rid in touched:
                 self.fail(
                     "accounting",
-                    f"after {what}, block_table({rid!r}) = {table}, but the operation returned {req.table}",
+                    f"after {what}, block_table({rid!r}) = {table}, but the operation returned {req.table}"
+                    + why,
                 )
             self.fail(
-                "held-blocks", f"{what} changed the block_table of request {rid!r}: {req.table} -> {table}"
+                "held-blocks",
+                f"{what} changed the block_table of request {rid!r}: {req.table} -> {table}" + why,
             )
+
+    def _rewrite_refused(self, req: Req, table: list[int]) -> str:
+        """Why replacing the request's table by ``table`` is not a canonicalization (SEMANTICS
+        section 6 allows a full block replaced only by one holding the same content and extras):
+        the first replaced entry and what differs in its new block (``""`` when the shapes alone
+        rule it out, which the message already shows)."""
+        if len(table) != len(req.table) or any(not 0 <= b < self.N for b in table):
+            return ""
+        for j, (old, new) in enumerate(zip(req.table, table)):
+            if old == new:
+                continue
+            if (j + 1) * self.B > len(req.tokens):
+                return f"; entry {j} (block {old} -> {new}) is not a full block, so it cannot be swapped"
+            slots = self._slot(new)
+            for s in range(self.B):
+                p = j * self.B + s
+                if slots[s] != req.idents[p]:
+                    return (
+                        f"; a rewrite is allowed only onto a block of the same content and extras, and "
+                        f"block {new} (entry {j}, position {p}) differs: "
+                        + self.differs(slots[s], req.idents[p], j * self.B, f"block {new}")
+                    )
+        if len(set(table)) != len(table):
+            return "; the new table holds a block twice"
+        return ""
 
     def _canonicalized(self, req: Req, table: list[int]) -> bool:
         """Whether ``table`` differs from the request's table only in full blocks replaced by
@@ -539,7 +643,8 @@ class Judge:
                 self.fail(
                     "held-blocks",
                     f"after {describe_step(step)}, request {rid!r} reads other content at its position {p} "
-                    f"(block {b} was overwritten while held)",
+                    f"(block {b} was overwritten while held): "
+                    + self.differs(self._slot(b)[p % self.B], req.idents[p], p - p % self.B, f"block {b}"),
                 )
 
     def _check_held(self, obs: Observation) -> None:

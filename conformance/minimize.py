@@ -12,21 +12,25 @@ edit after which the *same property* still fails:
 
 The passes repeat until none helps or the replay budget is spent. The budget is a *count* of
 replays, never a clock, so the same failure always shrinks to the same sequence.
-:func:`render_failure` prints the result with what the engine and the spec did at every step
-(the violating step included) and a ready-to-save vector.
+:func:`minimize` replays the minimal sequence once more with ``trace`` (pure table and free-count
+queries just before each ``step()``), so that :func:`render_failure` prints, besides what the
+engine and the spec did at every step (the violating step included) and a ready-to-save vector,
+what each ``step()`` changed (``step(): block_table(1) [1] -> [0]; num_free_blocks 0 -> 1``) and,
+when it precedes the violating step, the step where the engine's observable state first departs
+from the spec's (:func:`first_departure`: ``<-- departs from the spec here (...)``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pagedprefix.spec import CacheConfig, PrefixCacheError, describe_groups, hash_granularity, is_hybrid
 
 from .codec import Json
-from .driver import Outcome, Step, describe_step
-from .judge import Lost
+from .driver import Observation, Outcome, Step, describe_step
+from .judge import Lost, Renaming
 from .model import EngineRun, SpecModel, adapter_capabilities, build_adapter
 from .properties import Violation
 from .protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
@@ -57,6 +61,12 @@ class Replay:
     initial: Json
     config: CacheConfig | None = None
     """The spec's config the expectations come from (the vector's config)."""
+    observations: list[Observation | None] = field(default_factory=list)
+    """The engine's observation after each step (``None`` where none was taken)."""
+    step_changes: list[list[str]] = field(default_factory=list)
+    """What ``step()`` changed at each step (a traced replay only; empty lists otherwise)."""
+    policy: bool = False
+    """The judge compared the spec's eviction order (profile ``lru`` or ``exact``)."""
 
 
 @dataclass
@@ -94,10 +104,16 @@ def model_config_for(config: CacheConfig, caps: Capabilities) -> CacheConfig:
 
 
 def replay(
-    factory: AdapterFactory, config: CacheConfig, steps: list[Step], profile: str, disabled: frozenset[str]
+    factory: AdapterFactory,
+    config: CacheConfig,
+    steps: list[Step],
+    profile: str,
+    disabled: frozenset[str],
+    trace: bool = False,
 ) -> Replay:
     """Run ``steps`` on a fresh engine built with ``config`` and the spec; stop at the first
-    violation. A config the engine does not support replays as "no violation"."""
+    violation. A config the engine does not support replays as "no violation". ``trace``: also
+    record what each ``step()`` changed (:attr:`EngineRun.trace`)."""
     try:
         adapter = build_adapter(factory, config)
     except (UnsupportedConfig, PrefixCacheError):  # a candidate config the engine rejects
@@ -107,20 +123,32 @@ def replay(
         initial = model.observe()
         done: list[dict[str, Json]] = []
         outcomes: list[Outcome | None] = []
+        seen: list[Observation | None] = []
+        changes: list[list[str]] = []
         run: EngineRun | None = None
+
+        def ended(v: Violation | None) -> Replay:
+            policy = run is not None and run.judge.policy
+            return Replay(v, done, outcomes, initial, model.config, seen, changes, policy)
+
         try:
             run = EngineRun.start(factory, model.config, profile, initial, disabled, adapter=adapter)
+            run.trace = trace
             for step in steps:
                 _, expect = model.do(step)
                 done.append({**step, "expect": expect})
-                outcomes.append(run.do(step, expect))
+                try:
+                    outcomes.append(run.do(step, expect))
+                finally:
+                    seen.append(run.last_observation)
+                    changes.append(list(run.last_step_changes))
         except Violation as v:
             if run is not None and len(outcomes) < len(done):
                 outcomes.append(run.last_outcome)
-            return Replay(v, done, outcomes, initial, model.config)
+            return ended(v)
         except Lost:
-            return Replay(None, done, outcomes, initial, model.config)
-        return Replay(None, done, outcomes, initial, model.config)
+            return ended(None)
+        return ended(None)
     finally:
         close_adapter(adapter)
 
@@ -344,7 +372,87 @@ def minimize(
 ) -> Replay | None:
     """The smallest failing replay reachable within ``budget`` replays (``None``: the failure does
     not reproduce — a non-deterministic engine)."""
-    return Shrinker(factory, found, profile, disabled, caps, budget).run()
+    shrinker = Shrinker(factory, found, profile, disabled, caps, budget)
+    best = shrinker.run()
+    if best is None:
+        return None
+    traced = replay(factory, shrinker.config, shrinker.steps, profile, disabled, trace=True)
+    assert best.violation is not None
+    same = traced.violation is not None and traced.violation.prop == best.violation.prop
+    if same and len(traced.steps) == len(best.steps):
+        return traced
+    return best  # the extra queries before step() changed the engine's course: shown untraced
+
+
+class _Departure:
+    """The first step at which the engine's observable state departs from the spec's: its
+    outcome (error kind, hit length, reset result), the tables and copies it returned, and the
+    observation after ``step()`` (free count, live requests' tables, ref counts, the free queue:
+    its order only when ``order``), each up to one consistent renaming of block ids."""
+
+    def __init__(self, order: bool) -> None:
+        self.renaming = Renaming()
+        self.order = order
+
+    def same(self, spec_ids: Json, engine_ids: Json) -> bool:
+        if not isinstance(spec_ids, list) or not isinstance(engine_ids, list):
+            return bool(spec_ids == engine_ids)
+        if len(spec_ids) != len(engine_ids):
+            return False
+        for s, e in zip(spec_ids, engine_ids):
+            if isinstance(s, list) or isinstance(e, list):
+                if not self.same(s, e):
+                    return False
+            elif s is None or e is None:
+                if s is not e:
+                    return False
+            elif not self.renaming.pair(int(s), int(e)):
+                return False
+        return True
+
+    def find(self, outcome: Outcome | None, obs: Observation | None, exp: dict[str, Json]) -> str | None:
+        """What departs at this step (``None``: nothing observed departs, or nothing to compare)."""
+        if outcome is None or outcome.skipped:
+            return None
+        if outcome.crash is not None or outcome.error != exp["error"]:
+            return f"engine {outcome.describe()}, spec {exp['error'] or 'succeeds'}"
+        res, want = outcome.result or {}, exp["result"] or {}
+        for key in ("num_computed_tokens", "reset"):
+            if key in want and res.get(key) != want[key]:
+                return f"{key}: engine {res.get(key)}, spec {want[key]}"
+        for key in ("block_table", "block_tables", "copies"):
+            if key in want and not self.same(want[key], res.get(key)):
+                return f"{key}: engine {res.get(key)}, spec {want[key]}"
+        if obs is None:
+            return None
+        if obs["num_free_blocks"] != exp["num_free_blocks"]:
+            return f"num_free_blocks: engine {obs['num_free_blocks']}, spec {exp['num_free_blocks']}"
+        for key, call in (("tables", "block_table"), ("group_tables", "block_tables")):
+            spec_tables = {repr(rid): t for rid, t in exp.get(key, [])}
+            for rid, table in obs.get(key, []):
+                if repr(rid) not in spec_tables or not self.same(spec_tables[repr(rid)], table):
+                    return f"{call}({rid!r}): engine {table}, spec {spec_tables.get(repr(rid))}"
+        if "ref_cnt" in obs and "ref_cnt" in exp:
+            for s, e in sorted(self.renaming.s2e.items()):
+                if obs["ref_cnt"][e] != exp["ref_cnt"][s]:
+                    return f"ref_cnt({e}): engine {obs['ref_cnt'][e]}, spec (block {s}) {exp['ref_cnt'][s]}"
+        queues = "free_blocks" in obs and "free_blocks" in exp
+        if self.order and queues and not self.same(exp["free_blocks"], obs["free_blocks"]):
+            return f"free queue: engine {obs['free_blocks']}, spec {exp['free_blocks']}"
+        return None
+
+
+def first_departure(result: Replay) -> tuple[int, str] | None:
+    """The index of the first step whose engine observation departs from the spec's, and what
+    departs there (:class:`_Departure`); ``None`` when none does before the replay ends."""
+    departure = _Departure(result.policy)
+    for i, entry in enumerate(result.steps):
+        outcome = result.outcomes[i] if i < len(result.outcomes) else None
+        obs = result.observations[i] if i < len(result.observations) else None
+        found = departure.find(outcome, obs, entry["expect"])
+        if found is not None:
+            return i, found
+    return None
 
 
 def render_failure(result: Replay, profile: str) -> Failure:
@@ -365,13 +473,19 @@ def render_failure(result: Replay, profile: str) -> Failure:
         )
     ]
     last = len(result.steps) - 1
+    departs = first_departure(result)
     for i, entry in enumerate(result.steps):
         exp = entry["expect"]
         spec_says = exp["error"] or json.dumps(exp["result"], sort_keys=True)
         outcome = result.outcomes[i] if i < len(result.outcomes) else None
         engine_says = "(no result)" if outcome is None else outcome.describe()
+        if departs is not None and departs[0] == i and i != last:
+            engine_says += f"   <-- departs from the spec here ({departs[1]})"
         if i == last:
             engine_says += f"   <-- violates {v.prop}"
+        changed = result.step_changes[i] if i < len(result.step_changes) else []
+        if changed:
+            engine_says += "\n      step(): " + "; ".join(changed)
         s = {k: val for k, val in entry.items() if k != "expect"}
         lines.append(
             f"  {i + 1:2d}. {describe_step(s)}\n      engine: {engine_says}\n      spec:   {spec_says}"

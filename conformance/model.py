@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pagedprefix.spec import CacheConfig, HybridSpecCache, RequestId, is_hybrid
 
@@ -135,6 +135,13 @@ class EngineRun:
     judge: Judge
     last_outcome: Outcome | None = None
     """What the engine returned at the last step (shown at a violating step)."""
+    trace: bool = False
+    """Also read the live requests' tables and the free count just before each ``step()``, to
+    show what ``step()`` changed (a rendering replay only: it adds pure queries to the calls)."""
+    last_observation: Observation | None = None
+    """The engine's observation after the last step (``None`` until one was taken)."""
+    last_step_changes: list[str] = field(default_factory=list)
+    """With ``trace``: what the last ``step()`` changed (:func:`step_changes`)."""
 
     @classmethod
     def start(
@@ -185,11 +192,15 @@ class EngineRun:
         if step["op"] == "lookup" and not self.sends_lookups:
             return Outcome(skipped=True)
         self.last_outcome = None
+        self.last_observation = None
+        self.last_step_changes = []
         outcome = execute(self.adapter, step)
         self.last_outcome = outcome
         if outcome.crash is not None:
             self.judge.fail("engine-errors", f"{describe_step(step)} crashed: {outcome.crash}", outcome.trace)
+        live = live_after(self.judge, step, outcome)
         with self.routed():
+            before = self._before_step(live) if self.trace else None
             call_engine("step()", self.adapter.step)
             leaked = False
             if not outcome.ok and step["op"] in ("allocate", "fork"):
@@ -197,12 +208,37 @@ class EngineRun:
                 if _valid_id(new_id) and new_id not in self.judge.live:
                     leaked = is_live(self.adapter, new_id)
             want_keys = expected is not None and "keys" in expected
-            obs = self.observe(live_after(self.judge, step, outcome), want_keys)
+            obs = self.observe(live, want_keys)
+        self.last_observation = obs
+        if before is not None:
+            self.last_step_changes = step_changes(before, obs)
         self.judge.check(step, outcome, obs, expected, leaked)
         return outcome
 
+    def _before_step(self, live: list[RequestId]) -> Observation:
+        """The free count and the live requests' tables, read just before ``step()`` (no events
+        are taken: the observation after ``step()`` still receives them)."""
+        hybrid = is_hybrid(self.config.groups, self.config.block_size)
+        caps = replace(self.caps, ref_cnt=False, free_queue=False, keys=False, events=False)
+        return observe(self.adapter, caps, self.config.num_blocks, live, False, hybrid)
+
     def close(self) -> None:
         close_adapter(self.adapter)
+
+
+def step_changes(before: Observation, after: Observation) -> list[str]:
+    """What ``step()`` changed between two observations (``before`` read just before it): each
+    rewritten block table with its entries before and after, and the free count."""
+    changes: list[str] = []
+    for field_name, call in (("tables", "block_table"), ("group_tables", "block_tables")):
+        old = {repr(rid): t for rid, t in before.get(field_name, [])}
+        for rid, table in after.get(field_name, []):
+            was = old.get(repr(rid))
+            if was is not None and was != table:
+                changes.append(f"{call}({rid!r}) {was} -> {table}")
+    if before.get("num_free_blocks") != after.get("num_free_blocks"):
+        changes.append(f"num_free_blocks {before.get('num_free_blocks')} -> {after.get('num_free_blocks')}")
+    return changes
 
 
 def build_adapter(factory: AdapterFactory, config: CacheConfig) -> PrefixCacheAdapter:

@@ -322,3 +322,28 @@ def test_mamba_caches_only_what_the_scheduler_tracked() -> None:
     req = mods["sglang.srt.managers.schedule_batch"].Req("m", "", array("q", range(32)), sampling)
     assert req.kv.mamba_last_track_seqlen is None
     assert component.prepare_for_caching_req(req, None, token_ids_len=32, is_finished=False) == 0
+
+
+def test_extra_key_accounting_counterexample_shows_the_rewrite_at_step() -> None:
+    """The ``sglang-extra-key`` accounting counterexample (docs/MATRIX.md): the operation returns
+    what the spec returns; SGLang's ``checkpoint_kv_cache`` then rewrites the row at ``step()``
+    onto the LoRA request's page. The counterexample shows that rewrite and why it is refused."""
+    from pagedprefix.conformance.minimize import render_failure, replay
+
+    engine = _sglang()
+    salt = engine.lora_id_string("a", 1)
+    steps = [
+        {"op": "allocate", "request_id": "1", "tokens": [2], "extras": {"lora": {"id": 1, "name": "a"}}},
+        {"op": "allocate", "request_id": 1, "tokens": [2], "extras": {"cache_salt": salt}},
+    ]
+    result = replay(engine.sglang_extra_key, CacheConfig(1, 2), steps, "core", frozenset(), trace=True)
+    failure = render_failure(result, "core")
+    assert failure.prop == "accounting"
+    assert failure.message.endswith(
+        "block 0 (entry 0, position 0) differs: the tokens are equal, only the extras differ: "
+        f'{{"lora": {{"id": 1, "name": "a"}}}} in block 0, {{"cache_salt": "{salt}"}} in this request'
+    )
+    assert (
+        '      engine: {"block_table": [1], "num_computed_tokens": 0}   <-- violates accounting\n'
+        "      step(): block_table(1) [1] -> [0]; num_free_blocks 0 -> 1\n"
+    ) in failure.sequence
