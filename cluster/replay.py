@@ -41,7 +41,7 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -304,13 +304,23 @@ class ClusterResult:
 
 
 class KeyHasher:
-    """The request's block keys, hashed as every replica hashes them (one shared root and seed;
-    impl's chain, equal to the spec's by the key vectors)."""
+    """The request's block keys, hashed as every replica hashes them (one shared root and seed).
 
-    def __init__(self, cache_config: CacheConfig) -> None:
+    An engine with its own ``request_keys(tokens) -> list[bytes]`` (the vLLM adapter: vLLM's
+    ``Request`` hasher, in the form its events publish) is asked, on an instance of its own built
+    by ``factory``; any other gets impl's chain, equal to the spec's by the key vectors. (Before,
+    every engine got impl's chain, so a router over vLLM replicas never found a key they had
+    published: no prefix hit at all.)"""
+
+    def __init__(self, cache_config: CacheConfig, factory: EngineFactory | None = None) -> None:
+        small = replace(cache_config, num_blocks=min(cache_config.num_blocks, 64))  # hashing only
+        own = getattr(factory(small), "request_keys", None) if factory is not None else None
+        self._own: Callable[[Sequence[int]], list[bytes]] | None = own if callable(own) else None
         self.manager = BlockManager.create(replace(cache_config, num_blocks=1))
 
     def keys(self, tokens: Sequence[int]) -> list[bytes]:
+        if self._own is not None:
+            return [bytes(k) for k in self._own(tokens)]
         return self.manager.block_keys(tokens)
 
 
@@ -344,7 +354,7 @@ class _Cluster:
         self.stale = 0
         self.misroutes = 0
         self.routes: list[int] = []
-        self.hasher = KeyHasher(self.cache_config) if options.router == "prefix_aware" else None
+        self.hasher = KeyHasher(self.cache_config, factory) if options.router == "prefix_aware" else None
 
     def _deliver(self, transport: Transport) -> None:
         """Everything the transport carried so far into the indexer, and the resyncs it asks for.

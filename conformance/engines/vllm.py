@@ -495,6 +495,15 @@ class VllmAdapter(AdapterBase):
         _, hit, _ = self.manager.get_computed_blocks(request)
         return int(hit)
 
+    def request_keys(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> list[bytes]:
+        """The keys of the full blocks of a prompt, hashed by vLLM's own ``Request`` hasher
+        (``get_request_block_hasher``) and in the form its events and :meth:`cached_keys` publish
+        them (``maybe_convert_block_hash``, bytes): what a router must ask an index of vLLM
+        replicas (the cluster replay's ``KeyHasher``). Changes nothing."""
+        request = self._request("pagedprefix-keys", tokens, extras)
+        utils = self._utils
+        return [external_key(utils.maybe_convert_block_hash(h)) for h in request.block_hashes]
+
     def reset_prefix_cache(self) -> bool:
         return bool(self.manager.reset_prefix_cache())
 
