@@ -110,7 +110,7 @@ def test_targeted_shapes_give_two_full_groups_of_different_sizes() -> None:
 
     seen: set[tuple[str, ...]] = set()
     for seed in range(200):
-        specs = _targeted_shape(Fixed(seed), ["full", "sliding", "chunked", "mamba"], (2, 4))  # type: ignore[arg-type]
+        specs = _targeted_shape(Fixed(seed), ["full", "sliding", "chunked", "mamba"], [(2, 4), (4,)])  # type: ignore[arg-type]
         assert specs is not None
         kinds = tuple(k for k, _ in specs)
         seen.add(kinds)
@@ -118,7 +118,7 @@ def test_targeted_shapes_give_two_full_groups_of_different_sizes() -> None:
         if len(sizes) >= 2:
             assert sizes[0] != sizes[1], specs
     assert seen == set(HYBRID_SHAPES)
-    assert _targeted_shape(Fixed(0), ["mamba"], (2, 4)) is None
+    assert _targeted_shape(Fixed(0), ["mamba"], [(2, 4)]) is None
 
 
 SWEEP_SEEDS = tuple(range(int(os.environ.get("PAGEDPREFIX_CORPUS_SEEDS", "1"))))
