@@ -469,12 +469,16 @@ def boundary_sibling(ctx: Context, draw: Draw) -> None:
     junction a second sighting records and a third request hits (#45238)."""
     A = ctx.block_size
     base = ctx.earlier(draw)
-    if base is None or len(base.tokens) <= A:
-        return admit_fresh(ctx, draw)
+    if base is None or len(base.tokens) <= A:  # a prompt long enough for a sibling below its boundary
+        tokens = draw.tokens(2 * A + 1, 3 * A + 1)
+        ctx.allocate(draw, tokens, ctx.random_extras(draw, len(tokens)))
+        return
     if draw.chance(1, 3):
         ctx.allocate(draw, base.tokens, base.extras)
         return
-    k = draw.between(1, (len(base.tokens) - 1) // A)
+    top = (len(base.tokens) - 1) // A
+    # two times in three strictly below the replay boundary: the junction (#45238) lies there
+    k = draw.between(1, top - 1) if top >= 2 and draw.chance(2, 3) else draw.between(1, top)
     tail = draw.tokens(1, A + 1, (FILLER + 1, FILLER + 2))
     tokens = list(base.tokens[: k * A]) + tail
     extras = base.extras
@@ -483,7 +487,7 @@ def boundary_sibling(ctx: Context, draw: Draw) -> None:
     if draw.chance(1, 3):
         ctx.lookup(tokens, extras)
     ctx.allocate(draw, tokens, extras)
-    if draw.chance(1, 2):  # the third sighting: shares what the sibling's junction kept
+    if draw.chance(2, 3):  # the third sighting: shares what the sibling's junction kept
         if draw.chance(2, 3):  # after a step, so a junction's Mamba state is published
             ctx.do({"op": "new_step"})
         third = list(base.tokens[: k * A]) + draw.tokens(1, A + 1, (FILLER + 3, FILLER + 4))

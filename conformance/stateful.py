@@ -25,7 +25,7 @@ import contextlib
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,7 +167,7 @@ whose fixpoint takes more than one pass (vLLM PR #31707); a full group and a Mam
 
 
 def _targeted_shape(
-    draw: Draw, kinds: list[str], families: list[tuple[int, ...]]
+    draw: Draw, kinds: Sequence[str], families: Sequence[tuple[int, ...]]
 ) -> list[tuple[str, int]] | None:
     """One of :data:`HYBRID_SHAPES` the engine supports, block sizes from one of ``families`` (a
     shape with two full groups takes a family of two sizes or more when there is one, and gives
