@@ -469,12 +469,16 @@ def boundary_sibling(ctx: Context, draw: Draw) -> None:
     junction a second sighting records and a third request hits (#45238)."""
     A = ctx.block_size
     base = ctx.earlier(draw)
-    if base is None or len(base.tokens) <= A:
-        return admit_fresh(ctx, draw)
+    if base is None or len(base.tokens) <= A:  # a prompt long enough for a sibling below its boundary
+        tokens = draw.tokens(2 * A + 1, 3 * A + 1)
+        ctx.allocate(draw, tokens, ctx.random_extras(draw, len(tokens)))
+        return
     if draw.chance(1, 3):
         ctx.allocate(draw, base.tokens, base.extras)
         return
-    k = draw.between(1, (len(base.tokens) - 1) // A)
+    top = (len(base.tokens) - 1) // A
+    # two times in three strictly below the replay boundary: the junction (#45238) lies there
+    k = draw.between(1, top - 1) if top >= 2 and draw.chance(2, 3) else draw.between(1, top)
     tail = draw.tokens(1, A + 1, (FILLER + 1, FILLER + 2))
     tokens = list(base.tokens[: k * A]) + tail
     extras = base.extras
@@ -483,8 +487,8 @@ def boundary_sibling(ctx: Context, draw: Draw) -> None:
     if draw.chance(1, 3):
         ctx.lookup(tokens, extras)
     ctx.allocate(draw, tokens, extras)
-    if draw.chance(1, 2):  # the third sighting: shares what the sibling's junction kept
-        if draw.chance(1, 2):
+    if draw.chance(2, 3):  # the third sighting: shares what the sibling's junction kept
+        if draw.chance(2, 3):  # after a step, so a junction's Mamba state is published
             ctx.do({"op": "new_step"})
         third = list(base.tokens[: k * A]) + draw.tokens(1, A + 1, (FILLER + 3, FILLER + 4))
         ctx.allocate(draw, third, extras)
@@ -517,12 +521,14 @@ Family = Callable[[Context, Draw], None]
 
 @dataclass(frozen=True)
 class FamilyInfo:
-    """A family, whether it needs a capability, and the bug classes it aims at."""
+    """A family, whether it needs a capability, the bug classes it aims at, and its swarm weight
+    (how many times it counts when a step picks among the example's enabled families)."""
 
     name: str
     run: Family
     aims: str
     needs: str | None = None
+    weight: int = 1
 
 
 FAMILIES: tuple[FamilyInfo, ...] = (
@@ -538,7 +544,9 @@ FAMILIES: tuple[FamilyInfo, ...] = (
     FamilyInfo("pressure", pressure, "eviction order, duplicate copy evicted, held blocks"),
     FamilyInfo("probe", probe, "lookup purity, reset while in use"),
     FamilyInfo("invalid", invalid, "typed errors, atomic failure", "input_errors"),
-    FamilyInfo("boundary_sibling", boundary_sibling, "replay boundary, junction, #57610/#45238", "groups"),
+    FamilyInfo(
+        "boundary_sibling", boundary_sibling, "replay boundary, junction, #57610/#45238", "groups", weight=3
+    ),
     FamilyInfo("long_decode", long_decode, "window release, chunk roll, released entries read", "groups"),
     FamilyInfo("step_boundary", step_boundary, "same-step recurrent states, aborted writers", "groups"),
 )

@@ -625,7 +625,9 @@ class HybridJudge(Judge):
                         kept.add((g, j))
                     continue
                 inside = j in need_set(group, old_len)
-                last_cow = j == len(old[g]) - 1 and a is not None and copied.get(a) == b
+                # a copy-on-write of the last entry (a released entry, ``b is None``, is no copy: the
+                # old last entry is what the step reads, a Mamba running state's copy source too)
+                last_cow = j == len(old[g]) - 1 and a is not None and a in copied and copied[a] == b
                 if b is None and not inside:
                     continue  # released: outside the need set at the previous length
                 if not last_cow:

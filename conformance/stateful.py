@@ -25,7 +25,7 @@ import contextlib
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,19 +144,63 @@ HYBRID_SIZE_FAMILIES: tuple[tuple[int, ...], ...] = ((2, 4), (4,), (2, 3, 6), (4
 """Block sizes a hybrid example's groups take: families whose gcd and lcm differ from the sizes
 themselves, so the fine chain, the hit alignment and the key selection are exercised."""
 HYBRID_POOL_SIZES = (12, 24, 8, 40, 16, 6, 64, 4)
+TARGETED_POOL_SIZES = (40, 24, 64)
+"""Pools of the targeted shapes (:data:`HYBRID_SHAPES`): a 13-token prompt in three groups takes up to
+18 blocks, and the shapes need a sibling admitted while the first prompt is still cached."""
+
+
+HYBRID_SHAPES: tuple[tuple[str, ...], ...] = (
+    ("full", "full", "sliding"),
+    ("full", "full", "mamba"),
+    ("full", "sliding", "full"),
+    ("full", "mamba", "full"),
+    ("full", "sliding", "mamba"),
+    ("sliding", "mamba", "sliding"),
+    ("mamba", "sliding"),
+    ("full", "mamba"),
+    ("full", "sliding"),
+)
+"""Group kinds of the shapes the public hybrid bug classes need (issue 21 section 2): two full
+groups of different block sizes with a group that lowers the hit (vllm-ascend #14283); three groups
+whose fixpoint takes more than one pass (vLLM PR #31707); a full group and a Mamba or sliding group
+(the junction, vLLM #45238; the copy source of a moving Mamba state)."""
+
+
+def _targeted_shape(
+    draw: Draw, kinds: Sequence[str], families: Sequence[tuple[int, ...]]
+) -> list[tuple[str, int]] | None:
+    """One of :data:`HYBRID_SHAPES` the engine supports, block sizes from one of ``families`` (a
+    shape with two full groups takes a family of two sizes or more when there is one, and gives
+    them different sizes); ``None`` when no shape fits the declared kinds."""
+    shapes = [s for s in HYBRID_SHAPES if all(k in kinds for k in s)]
+    if not shapes:
+        return None
+    shape = draw.pick(shapes)
+    fulls = [i for i, kind in enumerate(shape) if kind == "full"]
+    wide = [f for f in families if len(f) >= 2]
+    family = draw.pick(wide if len(fulls) >= 2 and wide else families)
+    specs = [(kind, draw.pick(family)) for kind in shape]
+    if len(fulls) >= 2 and len(family) >= 2:
+        first, second = draw.pick([(a, b) for a in family for b in family if a != b])
+        specs[fulls[0]], specs[fulls[1]] = ("full", first), ("full", second)
+    return specs
 
 
 def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
-    """One to three groups of the kinds the engine declares (block sizes from one family it
-    supports; chunked groups take ``B = A``, windows of a few blocks, chunks of one to three
-    ``A``), a pool, a free order, a retention and a group free order. ``None`` when no family of
-    block sizes is supported."""
+    """One to three groups of the kinds the engine declares, one time in two in one of the
+    targeted shapes of :data:`HYBRID_SHAPES` (block sizes from one family it supports; chunked
+    groups take ``B = A``, windows of a few blocks, chunks of one to three ``A``), a pool, a free
+    order, a retention and a group free order. ``None`` when no family of block sizes is
+    supported."""
     kinds = [k for k in ("full", "sliding", "chunked", "mamba") if k in caps.groups]
     families = [f for f in HYBRID_SIZE_FAMILIES if all(caps.supports_geometry(b, caps.min_blocks) for b in f)]
     if not kinds or not families:
         return None
     family = draw.pick(families)
-    specs = [(draw.pick(kinds), draw.pick(family)) for _ in range(draw.between(1, 3))]
+    specs = _targeted_shape(draw, kinds, families) if draw.chance(2, 3) else None
+    targeted = specs is not None
+    if specs is None:
+        specs = [(draw.pick(kinds), draw.pick(family)) for _ in range(draw.between(1, 3))]
     align = math.lcm(*(b for _, b in specs))
     groups: list[KVCacheGroup] = []
     for kind, b in specs:
@@ -167,6 +211,8 @@ def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
         else:
             groups.append(KVCacheGroup(kind, b))
     pools = [n for n in HYBRID_POOL_SIZES if all(caps.supports_geometry(g.block_size, n) for g in groups)]
+    if targeted:  # room for two or three prompts in three groups: the sibling shapes need them admitted
+        pools = [n for n in TARGETED_POOL_SIZES if n in pools] or pools
     free_order, _ = draw.pick(POLICIES[:2])
     return CacheConfig(
         block_size=hash_granularity(groups),
@@ -328,10 +374,11 @@ def _send(
         spell=spell,
     )
     families = swarm(draw, available_families(caps, ctx.extra_kinds, hybrid))
+    weighted = [f for f in families for _ in range(f.weight)]
     idle = 0
     while len(steps) < setup.steps and idle < 8:
         before = len(steps)
-        draw.pick(families).run(ctx, draw)
+        draw.pick(weighted).run(ctx, draw)
         idle = idle + 1 if len(steps) == before else 0
 
 

@@ -34,11 +34,20 @@ def test_hybrid_vectors_report_the_fault(name: str) -> None:
     assert all(r.group == "hybrid" for r in report.by_status("fail"))  # single-group cases unaffected
 
 
+ALSO_FIRST: dict[str, set[str]] = {
+    # the eager release seen through a refused decode: it releases entries inside the need set at
+    # the previous length, which only the stated OutOfBlocks exception may not do (H7)
+    "h3_eager_window_release": {"group-failure"},
+}
+"""Another first symptom of the same fault, where the runner's draws (issue 21's targeted shapes)
+reach it before the expected one."""
+
+
 @pytest.mark.parametrize("name", sorted(B.EXPECTED))
 def test_stateful_runner_reports_the_fault_first(name: str) -> None:
     report = run_conformance(getattr(B, name), profile="core", max_examples=150, max_failures=1, echo=None)
     [failure] = report.failures()
-    assert failure.prop == B.EXPECTED[name]
+    assert failure.prop in {B.EXPECTED[name]} | ALSO_FIRST.get(name, set()), failure.render()
     assert "groups" in failure.vector["cases"][0]["config"]  # found on a hybrid config
 
 
@@ -63,8 +72,13 @@ def test_keeping_less_than_claimed_fails_maximal_only(name: str) -> None:
     report = run_conformance(factory, profile="maximal", max_examples=150, max_failures=1, echo=None)
     # A junction needs a full group, a sliding or Mamba group, replay retention and a sibling: too
     # rare in 150 stateful examples, so the vectors (E4, E5) are what catch a forgotten junction.
-    found = [] if name == "forgets_junction" else [B.EXPECTED_MAXIMAL[name]]
-    assert [f.prop for f in report.failures()] == found
+    found = [f.prop for f in report.failures()]
+    if name == "forgets_junction":
+        assert found == []
+    elif name == "no_replay_tail":  # keeps less than the spec too: maximal-hits may come first
+        assert found in (["retention-adequacy"], ["maximal-hits"]), found
+    else:
+        assert found == [B.EXPECTED_MAXIMAL[name]]
 
 
 def test_engines_without_groups_get_no_hybrid_config() -> None:

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pagedprefix.conformance.protocol import AdapterFactory
 from pagedprefix.conformance.suite import SuiteOptions, SuiteReport, run_suite
@@ -21,7 +21,14 @@ from .mutants import MUTANTS
 from .pool import PoolEngine
 from .tree import TreeEngine
 
-MODES: dict[str, bool] = {"default": True, "no-vectors": False}
+MODES: dict[str, tuple[bool, int | None]] = {
+    "default": (True, None),
+    "no-vectors": (False, None),
+    "no-vectors-150": (False, 150),
+}
+"""Mode -> (shipped vectors on, stateful examples; ``None``: the suite's default count)."""
+SINGLE_MODES = ("default", "no-vectors")
+HYBRID_MODES = ("no-vectors", "no-vectors-150")
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,20 @@ def targets() -> list[Target]:
     return clean + [Target(m.name, m.factory, m.profile, m.prop) for m in MUTANTS]
 
 
+def hybrid_targets() -> list[Target]:
+    """The hybrid kill table's engines (issue 21 section 2): one mutant per hybrid bug class, then
+    the clean hybrid engines."""
+    from pagedprefix.conformance.adapters import impl
+
+    from .hybrid_mutants import HYBRID_MUTANTS, clean_spec_without_keys
+
+    clean = [
+        Target("clean_impl", impl, "exact", None),
+        Target("clean_spec_without_keys", clean_spec_without_keys, "exact", None),
+    ]
+    return [Target(m.name, m.factory, m.profile, m.prop) for m in HYBRID_MUTANTS] + clean
+
+
 def failing(report: SuiteReport) -> dict[str, list[str]]:
     """Failing properties by source: ``stateful`` (property rows) and ``vectors`` (case props)."""
     stateful = sorted(r.name for r in report.rows if r.kind == "property" and r.status == "fail")
@@ -52,7 +73,10 @@ def failing(report: SuiteReport) -> dict[str, list[str]]:
 
 
 def measure(target: Target, seed: int, mode: str) -> dict[str, object]:
-    options = SuiteOptions(profile=target.profile, seed=seed, builtin_vectors=MODES[mode])
+    vectors, examples = MODES[mode]
+    options = SuiteOptions(profile=target.profile, seed=seed, builtin_vectors=vectors)
+    if examples is not None:
+        options = replace(options, max_examples=examples)
     start = time.perf_counter()
     report = run_suite(target.factory, options, engine_name=target.name)
     seconds = time.perf_counter() - start
@@ -75,6 +99,8 @@ def measure(target: Target, seed: int, mode: str) -> dict[str, object]:
         "seconds": round(seconds, 2),
         "counterexample_steps": lengths,
         "first": first,
+        "examples": report.stateful.examples if report.stateful is not None else 0,
+        "hybrid_examples": report.stateful.hybrid_examples if report.stateful is not None else 0,
     }
 
 
@@ -122,7 +148,7 @@ def render_table(rows: list[dict[str, object]]) -> str:
     ]
     for name, m in MUTANT_BY_NAME.items():
         cells = []
-        for mode in MODES:
+        for mode in SINGLE_MODES:
             mine = [r for r in rows if r["engine"] == name and r["mode"] == mode]
             cells.append(_caught_cell(mine, m.prop) if mine else "not run")
         shortest = f"{m.shortest}" + ("" if m.witness.prop == m.prop else f" ({m.witness.prop})")
@@ -134,23 +160,89 @@ def render_table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def _default_from_short(short: list[dict[str, object]], default: list[dict[str, object]]) -> str:
+    """The default-count cell of the seeds run at 150 examples: a default run's first 150 examples
+    are the same six chunks (same chunk seeds, same disabled properties), so a seed whose expected
+    property was named at 150 is named at the default count; the other seeds count from their own
+    default run when there is one, and are left out (named) when there is none."""
+    by_seed = {r["seed"]: r for r in default}
+    named, measured, missing = 0, 0, []
+    for r in short:
+        full = by_seed.get(r["seed"])
+        if r["expected_caught"] or (full is not None and full["expected_caught"]):
+            named += 1
+        if r["expected_caught"] or full is not None:
+            measured += 1
+        else:
+            missing.append(str(r["seed"]))
+    ran = sorted(str(s) for s in by_seed)
+    note = f"; seeds {', '.join(ran)} run at the default count" if ran else ""
+    left = f"; seeds {', '.join(missing)} not run at it" if missing else ""
+    return f"expected {named}/{measured}{note}{left}"
+
+
+def render_hybrid_table(rows: list[dict[str, object]]) -> str:
+    """The hybrid kill table (markdown): per hybrid mutant, vectors off at the default example
+    count and at 150; then one line per clean engine."""
+    from .hybrid_mutants import HYBRID_MUTANT_BY_NAME
+
+    lines = [
+        "| mutant | class | report | profile | expected | printed | vectors off "
+        "| vectors off, 150 examples |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in HYBRID_MUTANT_BY_NAME.items():
+        cells = []
+        for mode in HYBRID_MODES:
+            mine = [r for r in rows if r["engine"] == name and r["mode"] == mode]
+            cells.append(_caught_cell(mine, m.prop) if mine else "not run")
+        short = [r for r in rows if r["engine"] == name and r["mode"] == "no-vectors-150"]
+        if short:
+            cells[0] = _default_from_short(
+                short, [r for r in rows if r["engine"] == name and r["mode"] == "no-vectors"]
+            )
+        printed = _printed_cell(
+            [r for r in rows if r["engine"] == name and r["mode"] in ("no-vectors", "no-vectors-150")]
+        )
+        printed = "none" if printed == "vectors" else printed  # no stateful counterexample
+        lines.append(
+            f"| `{name}` | {m.bug_class} | {m.report} | {m.profile} | {m.prop} | {printed} | "
+            f"{cells[0]} | {cells[1]} |"
+        )
+    for target in hybrid_targets():
+        if target.prop is not None:
+            continue
+        mine = [r for r in rows if r["engine"] == target.name]
+        if not mine:
+            continue
+        passed = sum(1 for r in mine if r["ok"])
+        seconds = [float(str(r["seconds"])) for r in mine]
+        span = f"{min(seconds):.0f}-{max(seconds):.0f} s per run" if seconds else ""
+        cells = f"passes {passed}/{len(mine)} runs | {span}"
+        lines.append(f"| `{target.name}` (clean) | | | {target.profile} | | | {cells} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m corpus.measure")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--only", nargs="*", default=None, help="engine names to measure")
-    parser.add_argument("--modes", nargs="*", default=list(MODES))
+    parser.add_argument("--modes", nargs="*", default=None, help=f"of {', '.join(MODES)}")
+    parser.add_argument("--hybrid", action="store_true", help="the hybrid kill table's engines and modes")
     parser.add_argument("--out", default="kills.json")
     parser.add_argument("--table", metavar="JSON", help="print the kill table of a measurement and exit")
     args = parser.parse_args(argv)
     if args.table:
         with open(args.table, encoding="utf-8") as fh:
-            print(render_table(json.load(fh)))
+            measured = json.load(fh)
+        print(render_hybrid_table(measured) if args.hybrid else render_table(measured))
         return 0
+    modes = args.modes or list(HYBRID_MODES if args.hybrid else SINGLE_MODES)
     rows: list[dict[str, object]] = []
-    for target in targets():
+    for target in hybrid_targets() if args.hybrid else targets():
         if args.only and target.name not in args.only:
             continue
-        for mode in args.modes:
+        for mode in modes:
             for seed in range(args.seeds):
                 row = measure(target, seed, mode)
                 rows.append(row)
