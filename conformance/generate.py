@@ -545,7 +545,7 @@ FAMILIES: tuple[FamilyInfo, ...] = (
     FamilyInfo("probe", probe, "lookup purity, reset while in use"),
     FamilyInfo("invalid", invalid, "typed errors, atomic failure", "input_errors"),
     FamilyInfo(
-        "boundary_sibling", boundary_sibling, "replay boundary, junction, #57610/#45238", "groups", weight=3
+        "boundary_sibling", boundary_sibling, "replay boundary, junction, #57610/#45238", "groups", weight=1
     ),
     FamilyInfo("long_decode", long_decode, "window release, chunk roll, released entries read", "groups"),
     FamilyInfo("step_boundary", step_boundary, "same-step recurrent states, aborted writers", "groups"),

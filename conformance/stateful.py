@@ -187,7 +187,7 @@ def _targeted_shape(
 
 
 def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
-    """One to three groups of the kinds the engine declares, one time in two in one of the
+    """One to three groups of the kinds the engine declares, one time in three in one of the
     targeted shapes of :data:`HYBRID_SHAPES` (block sizes from one family it supports; chunked
     groups take ``B = A``, windows of a few blocks, chunks of one to three ``A``), a pool, a free
     order, a retention and a group free order. ``None`` when no family of block sizes is
@@ -197,7 +197,7 @@ def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
     if not kinds or not families:
         return None
     family = draw.pick(families)
-    specs = _targeted_shape(draw, kinds, families) if draw.chance(2, 3) else None
+    specs = _targeted_shape(draw, kinds, families) if draw.chance(1, 3) else None
     targeted = specs is not None
     if specs is None:
         specs = [(draw.pick(kinds), draw.pick(family)) for _ in range(draw.between(1, 3))]
