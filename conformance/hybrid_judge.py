@@ -77,6 +77,9 @@ class HReq:
     idents: list[int] = field(default_factory=list)
     hit: int = 0
     """The admission's hit: entries it skipped were never computed by this request."""
+    inherited: int = 0
+    """Tokens a fork child got from its parent: their states were keyed by the parent, not by the
+    child (dropped with the parent's pending keys when it is freed before ``new_step``)."""
 
 
 @dataclass
@@ -100,6 +103,7 @@ class Seen:
     admission: bool
     junction: int = 0
     hit: int = 0
+    inherited: int = 0
 
 
 def _common(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
@@ -672,7 +676,8 @@ class HybridJudge(Judge):
         if tables is None:
             self.fail(H6, f"{what}: the child is not live")
         child = HReq(
-            list(parent.tokens), parent.extras, [list(t) for t in tables], list(parent.idents), parent.hit
+            list(parent.tokens), parent.extras, [list(t) for t in tables], list(parent.idents), parent.hit,
+            max(parent.inherited, len(parent.tokens)),
         )
         self._check_shape(child.tables, len(child.tokens), what)
         self.live[child_id] = child
@@ -775,7 +780,9 @@ class HybridJudge(Judge):
         if admission:
             own = self._junction_bound(req.tokens, req.extras)
             junction = own if own > hit else 0
-        seen = Seen(tuple(req.tokens), req.extras, rid, self.step_index, admission, junction, req.hit)
+        seen = Seen(
+            tuple(req.tokens), req.extras, rid, self.step_index, admission, junction, req.hit, req.inherited
+        )
         self.seen.append(seen)
         self.attention_seen.append(seen)
 
@@ -841,6 +848,7 @@ class HybridJudge(Judge):
         extras = extras_from_json(step.get("extras"))
         n = len(tokens)
         dense = self.caps.retention == "dense" or not any(g.kind in ("sliding", "mamba") for g in self.groups)
+        has_mamba = any(g.kind == "mamba" for g in self.groups)
         best = 0
         for s in self.seen:
             if s.extras != extras or not self._usable(s):
@@ -848,7 +856,9 @@ class HybridJudge(Judge):
             q = _common(s.tokens, tokens)
             if dense:  # every boundary the sequence settled past its own hit is keyed
                 b = min(q, len(s.tokens), n - 1) // self.A * self.A
-                if b >= s.hit:
+                # ... by this request: a fork child keys only past what it inherited (a Mamba state
+                # there is its parent's key, gone when the parent is freed before ``new_step``)
+                if b >= s.hit and not (has_mamba and s.inherited and b <= s.inherited):
                     best = max(best, b)
                 continue
             if s.admission:

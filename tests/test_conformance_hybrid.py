@@ -38,6 +38,9 @@ ALSO_FIRST: dict[str, set[str]] = {
     # the eager release seen through a refused decode: it releases entries inside the need set at
     # the previous length, which only the stated OutOfBlocks exception may not do (H7)
     "h3_eager_window_release": {"group-failure"},
+    # the whole-prompt hit seen through publication: it hits a Mamba state keyed in this step, so
+    # the admission is Deferred where the capped hit (0 tokens) uses no state at all
+    "h2_no_last_token_cap": {"progress"},
 }
 """Another first symptom of the same fault, where the runner's draws (issue 21's targeted shapes)
 reach it before the expected one."""
@@ -128,3 +131,51 @@ def test_default_cli_run_catches_the_fault(name: str, tmp_path: Path) -> None:
     rows = {r["name"]: r["status"] for r in json.loads(out.read_text())["rows"]}
     assert rows[B.EXPECTED[name]] == "fail"
     assert rows["vectors: hybrid"] == "fail"
+
+
+def _forked_mamba_steps(publish_parent: bool) -> list[dict[str, object]]:
+    steps: list[dict[str, object]] = [
+        {"op": "allocate", "request_id": "1", "tokens": [3, 1]},
+        {"op": "fork", "parent_id": "1", "child_id": "b"},
+        {"op": "append", "request_id": "b", "tokens": [3]},
+        {"op": "free", "request_id": "1"},
+        {"op": "new_step"},
+        {"op": "lookup", "tokens": [3, 1, 8]},
+    ]
+    if publish_parent:  # the parent's state at 2 is published before the parent goes
+        steps.insert(3, {"op": "new_step"})
+    return steps
+
+
+@pytest.mark.parametrize("publish_parent", [False, True])
+def test_dense_retention_promises_a_fork_child_only_what_it_keyed(publish_parent: bool) -> None:
+    """A false FAIL of the spec itself at ``exact`` (docs/MATRIX.md, 2026-12-02): mamba(2) under
+    ``dense``, a parent admitted with 2 tokens (its state at 2 keyed by it, pending), forked, the
+    child decodes one token, the parent is freed before ``new_step`` (the abort case: its pending
+    key is dropped), then a lookup sharing the 2 tokens. The child inherited the state at 2 and
+    never keyed it (a decode keys boundaries past its old length), so nothing promises 2; the judge
+    promised it from the child's sequence. With the parent published first the state stays keyed
+    and the lookup must hit 2."""
+    from pagedprefix.conformance.minimize import replay
+    from pagedprefix.spec import CacheConfig, KVCacheGroup
+
+    config = CacheConfig(block_size=2, num_blocks=57, free_order="append_all", dedup_on_full=False,
+                         groups=(KVCacheGroup("mamba", 2),), retention="dense",
+                         group_free_order="reversed_concat")
+    steps = _forked_mamba_steps(publish_parent)
+    for factory in (impl, spec):
+        assert replay(factory, config, steps, "exact", frozenset()).violation is None  # type: ignore[arg-type]
+    cache = spec(config)  # the spec's own answer
+    for step in steps[:-1]:
+        op = step["op"]
+        if op == "allocate":
+            cache.allocate(step["request_id"], step["tokens"])
+        elif op == "fork":
+            cache.fork(step["parent_id"], step["child_id"])
+        elif op == "append":
+            cache.append(step["request_id"], step["tokens"])
+        elif op == "free":
+            cache.free(step["request_id"])
+        else:
+            cache.new_step()
+    assert cache.lookup([3, 1, 8]) == (2 if publish_parent else 0)
