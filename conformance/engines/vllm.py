@@ -759,7 +759,6 @@ _CHANNELS_COMMON: tuple[Channel, ...] = (
             "hybrid configs: the spec's retention `replay` -> 0, `dense` -> `None`"),
 )
 """vLLM 0.33's inputs that affect a block's key, driven or not (both factories)."""
-_HYBRID_CHANNELS = ("kv_cache_groups", "prefix_cache_retention_interval")
 
 _REPORT_MODE = (
     "with `\"full\"`, a hit re-publishes `BlockStored` for the reused blocks "
@@ -774,15 +773,8 @@ VLLM_CHANNELS: tuple[Channel, ...] = (
 )
 """The channels of ``--engine vllm`` (:mod:`pagedprefix.conformance.channels`)."""
 
-_ONE_GROUP = (
-    "`vllm_with_events` builds the one full-attention group only (capability `groups` empty), so "
-    "hybrid configs are not sent to these rows; the `vllm` rows drive them"
-)
 VLLM_EVENTS_CHANNELS: tuple[Channel, ...] = (
-    *(
-        replace(c, driven=False, reason=_ONE_GROUP) if c.name in _HYBRID_CHANNELS else c
-        for c in _CHANNELS_COMMON
-    ),
+    *_CHANNELS_COMMON,  # hybrid configs too: ``VllmHybridAdapter(kv_events=True)``
     Channel("enable_kv_cache_events", "KVCacheManager(enable_kv_cache_events=...)", True, None,
             "on: `BlockPool` queues `BlockStored` / `BlockRemoved` / `AllBlocksCleared`, taken after "
             "every operation"),
