@@ -224,7 +224,9 @@ def render_markdown(
         lines.append(f"| {c.engine} | {c.version} | {c.profile} | {c.verdict} | {failing} | {skipped} |")
     for engine in dict.fromkeys(c.engine for c in cells):
         lines += ["", f"## {engine}", "", ABOUT.get(engine, "an engine given with `--engine`.")]
-        lines += _channel_section(channels.get(engine, ()), [c for c in cells if c.engine == engine])
+        mine = [c for c in cells if c.engine == engine]
+        if not all(c.verdict == "not driven" for c in mine):  # a component no adapter drives has none
+            lines += _channel_section(channels.get(engine, ()), mine)
         for c in (c for c in cells if c.engine == engine):
             lines += _cell_section(c)
     return "\n".join(lines) + "\n"

@@ -78,9 +78,10 @@ window_root_parent = _factory(WindowRootParent)
 
 EXPECTED: dict[str, frozenset[str]] = {
     "window_silent_eviction": frozenset({"event-index"}),
-    "stored_wrong_group": frozenset({"event-index", "event-extras"}),
+    "stored_wrong_group": frozenset({"event-index", "event-extras", "event-parents"}),
     "window_root_parent": frozenset({"event-parents", "event-extras"}),
 }
 """Each engine and the event properties its fault may be caught by first: a block under the wrong
 group, or a window block without its parent, can first meet an earlier key with the same
-``(group, parent, tokens, extras)`` (event-extras, also a true finding)."""
+``(group, parent, tokens, extras)`` (event-extras, also a true finding); a Mamba block announced
+under group 0 names a parent group 0 never stored (event-parents)."""

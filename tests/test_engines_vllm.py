@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 import types
 
 import pytest
@@ -114,7 +115,7 @@ def test_suite_verdicts(profile: str) -> None:
     # The one difference found: a hybrid config with a one-token sliding window (see
     # test_hybrid_window_of_one_token); every failure is on such a config, and nothing else fails.
     failing = {n for n, s in properties.items() if s == "fail"}
-    assert failing and failing <= WINDOW_OF_ONE, properties
+    assert failing <= WINDOW_OF_ONE, properties  # whether a W = 1 config is drawn depends on the draw
     assert report.stateful is not None
     for failure in report.stateful.failures():
         [case] = failure.vector["cases"]
@@ -316,4 +317,6 @@ def test_event_verdict() -> None:
             [case] = failure.vector["cases"]
             assert any(g["kind"] in ("sliding", "chunked") for g in case["config"].get("groups", [])), case
     sequence = rows["event-extras"].counterexample or ""
-    assert '"lora": {"id": 1, "name": "a"}' in sequence and '"lora": {"id": 2, "name": "a"}' in sequence
+    # two adapters of one name, different ids (the values depend on the draw)
+    loras = set(re.findall(r'"lora": \{"id": (\d+), "name": "([^"]*)"\}', sequence))
+    assert len(loras) >= 2 and len({name for _, name in loras}) == 1, sequence
