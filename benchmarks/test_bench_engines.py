@@ -24,21 +24,19 @@ Gates (target; ``PAGEDPREFIX_BENCH=quick`` runs 60 requests and gates at half):
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 import statistics
 import time
 from typing import Any
 
 import pytest
+from pagedprefix.conformance.engines.vllm import unavailable_reason
 from pagedprefix.replay.compare import EngineSpec, run_engine
 from pagedprefix.replay.sim import ReplayConfig
 from pagedprefix.replay.trace import TraceRequest, load_trace
 from pagedprefix.spec import KVCacheGroup, full, sliding
 from test_bench_impl import GATE, QUICK, ROUNDS, record
 
-REQUIRED = ("torch", "numpy", "msgspec", "cbor2", "zmq", "regex", "pydantic")
 TARGET = 3.0
 NUM_BLOCKS = 32000  # the default compare-engines capacity nearest to what 200 requests hold at once
 LIMIT = 60 if QUICK else 200
@@ -48,20 +46,7 @@ MODES: dict[str, tuple[KVCacheGroup, ...] | None] = {
 }
 
 
-def _skip_reason() -> str | None:
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "vllm is not installed (pip install --no-deps vllm==0.33.0; see conformance/engines/README.md)"
-    if version != "0.33.0":
-        return f"the adapter is written against vllm 0.33.0, {version} is installed"
-    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"vllm is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
-    return None
-
-
-REASON = _skip_reason()
+REASON = unavailable_reason()
 if REASON is not None and os.environ.get("PAGEDPREFIX_REQUIRE_ENGINES"):
     raise RuntimeError(f"PAGEDPREFIX_REQUIRE_ENGINES is set but {REASON}")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -7,8 +7,6 @@ and ``exact`` and the verdict rows are asserted.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 import re
 import types
@@ -16,6 +14,7 @@ import types
 import pytest
 from pagedprefix.conformance._hybrid_scenarios import no_full_junction, two_full_sizes
 from pagedprefix.conformance.channels import channels_of, unreached
+from pagedprefix.conformance.engines.vllm import unavailable_reason
 from pagedprefix.conformance.protocol import UnsupportedConfig
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
 from pagedprefix.conformance.vectors import run_case
@@ -38,23 +37,7 @@ from pagedprefix.spec.extras import TAG_LORA, ExtraField
 
 WINDOW_OF_ONE = {"policy-hits", "policy-sharing", "retention-adequacy"}
 """The rows a one-token sliding window fails at ``lru``/``exact`` (docs/MATRIX.md explains them)."""
-REQUIRED = ("torch", "numpy", "msgspec", "cbor2", "zmq", "regex", "pydantic")
-
-
-def _skip_reason() -> str | None:
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "vllm is not installed (pip install --no-deps vllm==0.33.0; see conformance/engines/README.md)"
-    if version != "0.33.0":
-        return f"the adapter is written against vllm 0.33.0, {version} is installed"
-    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"vllm is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
-    return None
-
-
-REASON = _skip_reason()
+REASON = unavailable_reason()
 if REASON is not None and os.environ.get("PAGEDPREFIX_REQUIRE_ENGINES"):
     raise RuntimeError(f"PAGEDPREFIX_REQUIRE_ENGINES is set but {REASON}")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -315,6 +315,29 @@ STAND_INS: tuple[StandIn, ...] = (
 _LOADED: Loaded | None = None
 
 
+IMPORTS_NEEDED = ("torch", "numpy", "msgspec", "cbor2", "zmq", "regex", "pydantic")
+"""What vLLM's cache modules import besides vLLM itself (conformance/engines/README.md)."""
+
+
+def unavailable_reason() -> str | None:
+    """Why this adapter cannot run here (vLLM missing, another release, or a module its cache
+    imports missing), without importing vLLM; ``None`` when it can. For tests and benchmarks that
+    skip without it."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "vllm is not installed (pip install --no-deps vllm==0.33.0; see conformance/engines/README.md)"
+    if version != VERSION:
+        return f"the adapter is written against vllm {VERSION}, {version} is installed"
+    missing = [m for m in IMPORTS_NEEDED if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"vllm is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
+    return None
+
+
 def loaded() -> Loaded:
     """vLLM's cache modules, loaded once (real if possible, else through the harness).
 
