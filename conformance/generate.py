@@ -110,6 +110,10 @@ class Context:
     live_requests: Callable[[], dict[RequestId, LiveRequest]]
     spell: Callable[[Extras], dict[str, str]] | None = None
     history: list[Prompt] = field(default_factory=list)
+    chunk: int = 0
+    """The longest chunk of the config's chunked groups, in tokens (0: none)."""
+    refused: str | None = None
+    """The error kind of the last admission the engine refused (``None``: it was admitted)."""
 
     # ----- state ----------------------------------------------------------------------------
 
@@ -139,6 +143,7 @@ class Context:
         if extras:
             step["extras"] = extras
         outcome = self.do(step)
+        self.refused = None if outcome is None else outcome.error
         if outcome is None or not outcome.ok:
             return None
         self.remember(tokens, extras)
@@ -463,19 +468,42 @@ def invalid(ctx: Context, draw: Draw) -> None:
         ctx.do(step)
 
 
+def _make_room(ctx: Context, draw: Draw, ids: int) -> None:
+    """Free live requests (a scheduler finishing them) until ``ids`` request ids are free."""
+    while ctx.live() and sum(r not in ctx.live_requests() for r in IDS) < ids:
+        ctx.free(draw.pick(ctx.live()))
+
+
+def _admit_as_scheduled(ctx: Context, draw: Draw, tokens: Sequence[int], extras: Json) -> Json | None:
+    """Admit ``tokens``, retrying as a scheduler would: a deferred admission once the step ends, one
+    refused for want of blocks once a live request finishes (is freed); the id if admitted."""
+    for _ in range(len(IDS)):
+        rid = ctx.allocate(draw, tokens, extras)
+        if ctx.refused == "Deferred":
+            ctx.do({"op": "new_step"})
+        elif ctx.refused == "OutOfBlocks" and ctx.live():
+            ctx.free(draw.pick(ctx.live()))
+        else:
+            return rid
+    return None
+
+
 def boundary_sibling(ctx: Context, draw: Draw) -> None:
     """Hybrid groups: an earlier prompt cut at a multiple of the hit alignment with a fresh tail,
     or resent exactly: the replay boundary, a sibling below the only kept tail (vLLM #57610), the
-    junction a second sighting records and a third request hits (#45238)."""
+    junction a second sighting records and a third request hits (#45238). A fresh prompt spans
+    ``2A`` past the longest chunk, so chunk boundaries of different chunked groups disagree (the
+    fixpoint's second pass, vLLM PR #31707)."""
     A = ctx.block_size
     base = ctx.earlier(draw)
     if base is None or len(base.tokens) <= A:  # a prompt long enough for a sibling below its boundary
-        tokens = draw.tokens(2 * A + 1, 3 * A + 1)
+        tokens = draw.tokens(2 * A + 1, max(3 * A, ctx.chunk + 2 * A) + 1)
         ctx.allocate(draw, tokens, ctx.random_extras(draw, len(tokens)))
         return
-    if draw.chance(1, 3):
+    if draw.chance(1, 4):
         ctx.allocate(draw, base.tokens, base.extras)
         return
+    _make_room(ctx, draw, 2)  # the sibling and the third sighting need ids
     top = (len(base.tokens) - 1) // A
     # two times in three strictly below the replay boundary: the junction (#45238) lies there
     k = draw.between(1, top - 1) if top >= 2 and draw.chance(2, 3) else draw.between(1, top)
@@ -486,12 +514,16 @@ def boundary_sibling(ctx: Context, draw: Draw) -> None:
         extras = None
     if draw.chance(1, 3):
         ctx.lookup(tokens, extras)
-    ctx.allocate(draw, tokens, extras)
-    if draw.chance(2, 3):  # the third sighting: shares what the sibling's junction kept
+    sibling = _admit_as_scheduled(ctx, draw, tokens, extras)
+    if draw.chance(3, 4):  # the third sighting: shares what the sibling's junction kept
+        # the sibling finished first: the window tail it kept is free (a Mamba state it wrote in
+        # this step is dropped with it, so half the time it stays)
+        if sibling is not None and draw.chance(1, 2):
+            ctx.free(sibling)
         if draw.chance(2, 3):  # after a step, so a junction's Mamba state is published
             ctx.do({"op": "new_step"})
         third = list(base.tokens[: k * A]) + draw.tokens(1, A + 1, (FILLER + 3, FILLER + 4))
-        ctx.allocate(draw, third, extras)
+        _admit_as_scheduled(ctx, draw, third, extras)
 
 
 def long_decode(ctx: Context, draw: Draw) -> None:
@@ -545,7 +577,7 @@ FAMILIES: tuple[FamilyInfo, ...] = (
     FamilyInfo("probe", probe, "lookup purity, reset while in use"),
     FamilyInfo("invalid", invalid, "typed errors, atomic failure", "input_errors"),
     FamilyInfo(
-        "boundary_sibling", boundary_sibling, "replay boundary, junction, #57610/#45238", "groups", weight=1
+        "boundary_sibling", boundary_sibling, "replay boundary, junction, #57610/#45238", "groups", weight=2
     ),
     FamilyInfo("long_decode", long_decode, "window release, chunk roll, released entries read", "groups"),
     FamilyInfo("step_boundary", step_boundary, "same-step recurrent states, aborted writers", "groups"),

@@ -22,6 +22,7 @@ ends the run at once.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import tempfile
 import time
@@ -144,9 +145,9 @@ HYBRID_SIZE_FAMILIES: tuple[tuple[int, ...], ...] = ((2, 4), (4,), (2, 3, 6), (4
 """Block sizes a hybrid example's groups take: families whose gcd and lcm differ from the sizes
 themselves, so the fine chain, the hit alignment and the key selection are exercised."""
 HYBRID_POOL_SIZES = (12, 24, 8, 40, 16, 6, 64, 4)
-TARGETED_POOL_SIZES = (40, 24, 64)
-"""Pools of the targeted shapes (:data:`HYBRID_SHAPES`): a 13-token prompt in three groups takes up to
-18 blocks, and the shapes need a sibling admitted while the first prompt is still cached."""
+TARGETED_POOL_PROMPTS = (16, 8, 32)
+"""Pools of the targeted shapes (:data:`HYBRID_SHAPES`), in the blocks of a ``3A + 1``-token prompt
+in every group: the shapes need a sibling admitted while the first prompt is still cached."""
 
 
 HYBRID_SHAPES: tuple[tuple[str, ...], ...] = (
@@ -159,11 +160,31 @@ HYBRID_SHAPES: tuple[tuple[str, ...], ...] = (
     ("mamba", "sliding"),
     ("full", "mamba"),
     ("full", "sliding"),
+    ("chunked", "chunked"),
+    ("chunked", "chunked", "chunked"),
 )
 """Group kinds of the shapes the public hybrid bug classes need (issue 21 section 2): two full
-groups of different block sizes with a group that lowers the hit (vllm-ascend #14283); three groups
-whose fixpoint takes more than one pass (vLLM PR #31707); a full group and a Mamba or sliding group
-(the junction, vLLM #45238; the copy source of a moving Mamba state)."""
+groups of different block sizes with a group that lowers the hit (vllm-ascend #14283); groups
+whose fixpoint takes more than one pass (vLLM PR #31707): three of window kinds, or two chunked
+groups of different chunks (a chunked group is valid at every multiple of its chunk, so from the
+first group's chunk boundary the second lowers the hit to one of its own, where the first needs
+entries of a chunk nothing holds); a full group and a Mamba or sliding group (the junction, vLLM
+#45238; the copy source of a moving Mamba state)."""
+
+
+CHUNK_MULTIPLES: dict[int, list[tuple[int, ...]]] = {
+    2: [(2, 3), (3, 2)],
+    3: list(itertools.permutations((1, 2, 3))),
+}
+"""Chunks, in multiples of ``A``, of a targeted shape's two or three chunked groups: different
+chunks in every order (the fixpoint class; a chunk of one ``A`` divides every other, so a pair
+with one needs no second pass)."""
+
+
+OPENING = ("boundary_sibling", "boundary_sibling")
+"""Families a hybrid example opens with (when its swarm has them): a long prompt, then its sibling
+below the replay boundary, a step and a third sighting, while no block has been reused yet (the
+judge checks what retention promises only until then)."""
 
 
 def _targeted_shape(
@@ -202,24 +223,30 @@ def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
     if specs is None:
         specs = [(draw.pick(kinds), draw.pick(family)) for _ in range(draw.between(1, 3))]
     align = math.lcm(*(b for _, b in specs))
+    num_chunked = sum(kind == "chunked" for kind, _ in specs) if targeted else 0
+    multiples = draw.pick(CHUNK_MULTIPLES[num_chunked]) if num_chunked in CHUNK_MULTIPLES else ()
     groups: list[KVCacheGroup] = []
     for kind, b in specs:
         if kind == "sliding":
             groups.append(sliding(draw.between(1, 3 * b + 2), b))
         elif kind == "chunked":
-            groups.append(chunked(align * draw.between(1, 3), align))
+            chunk = multiples[sum(g.kind == "chunked" for g in groups)] if multiples else draw.between(1, 3)
+            groups.append(chunked(align * chunk, align))
         else:
             groups.append(KVCacheGroup(kind, b))
     pools = [n for n in HYBRID_POOL_SIZES if all(caps.supports_geometry(g.block_size, n) for g in groups)]
-    if targeted:  # room for two or three prompts in three groups: the sibling shapes need them admitted
-        pools = [n for n in TARGETED_POOL_SIZES if n in pools] or pools
+    if targeted:  # room for 8 to 32 prompts: the sibling shapes need them admitted before any reuse
+        prompt = sum(-(-(3 * align + 1) // g.block_size) for g in groups)  # a 3A+1-token prompt's blocks
+        sized = [k * prompt for k in TARGETED_POOL_PROMPTS]
+        pools = [n for n in sized if all(caps.supports_geometry(g.block_size, n) for g in groups)] or pools
     free_order, _ = draw.pick(POLICIES[:2])
     return CacheConfig(
         block_size=hash_granularity(groups),
         num_blocks=draw.pick(pools or [caps.min_blocks + 7]),
         free_order=free_order,
         groups=tuple(groups),
-        retention=draw.pick(RETENTIONS),
+        # a targeted shape keeps replay retention two times in three: its junction exists only there
+        retention=draw.pick(("replay", "replay", "dense") if targeted else RETENTIONS),
         group_free_order=draw.pick(GROUP_FREE_ORDERS),
     )
 
@@ -372,9 +399,13 @@ def _send(
         do=do,
         live_requests=lambda: run.judge.live,  # type: ignore[arg-type, return-value]
         spell=spell,
+        chunk=max((g.chunk for g in config.groups or () if g.kind == "chunked"), default=0),
     )
     families = swarm(draw, available_families(caps, ctx.extra_kinds, hybrid))
     weighted = [f for f in families for _ in range(f.weight)]
+    opening = [f for name in OPENING for f in families if f.name == name] if hybrid else []
+    for family in opening:  # before any pressure: the promises retention makes are judged only then
+        family.run(ctx, draw)
     idle = 0
     while len(steps) < setup.steps and idle < 8:
         before = len(steps)
