@@ -716,6 +716,24 @@ def two_full_sizes() -> list[Case]:
     return [first_that_builds(build, range(40, 80))]
 
 
+def two_chunked_fixpoint() -> list[Case]:
+    c = new_case(
+        "lookup/two-chunked-fixpoint",
+        hcfg((chunked(12, 4), chunked(8, 4)), 16),
+        "core",
+        "8.lookup",
+        "Two chunked groups of different chunks, nothing cached, 13 tokens: the chunk-12 group is valid at "
+        "12 (a chunk boundary needs no block), the chunk-8 group lowers that to 8, where the chunk-12 group "
+        "needs entries 0 and 1 (its chunk starts at 0): the fixpoint is 0, one pass over the groups says 8 "
+        "(vLLM PR #31707). Once the 13 tokens are cached, 17 tokens hit 12 in both groups.",
+    )
+    expect_hit(c, T[:13], 0)
+    assert c.allocate("a", T[:13])["result"] is not None, f"{c.case_id}: a must be admitted"
+    c.free("a")
+    expect_hit(c, T[:17], 12)
+    return [c.build()]
+
+
 def fork_copy_source() -> list[Case]:
     c = new_case(
         "fork/mamba-copy-source-shared",
@@ -756,6 +774,7 @@ def hybrid_cases() -> list[Case]:
         fork_and_mamba,
         no_full_junction,
         two_full_sizes,
+        two_chunked_fixpoint,
         fork_copy_source,
     ):
         out.extend(build())
