@@ -6,14 +6,16 @@
 - The judge fix: a decode that releases a Mamba running state's copy source (the old last entry,
   no copy reported) fails ``window-liveness``; before, ``copied.get(a) == None`` took the released
   entry for a copy-on-write.
-- The generator's targeted shapes (two full groups of different sizes, three groups) are drawn.
+- The generator's targeted shapes (two full groups of different sizes, three groups, chunked groups
+  of different chunks with room for siblings) are drawn.
 - The sweep over seeds (``slow``): every mutant caught by the stateful runner alone at the
-  default example count, vectors off (``single_pass_fixpoint`` ``xfail``); the clean engines
-  pass 150 examples. The full kill table is conformance/README.md.
+  default example count, vectors off; the clean engines pass 150 examples. The full kill table
+  is conformance/README.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from typing import Any
@@ -21,17 +23,24 @@ from typing import Any
 import pytest
 from corpus.hybrid_mutants import HYBRID_MUTANT_BY_NAME, HYBRID_MUTANTS, HybridMutant, clean_spec_without_keys
 from corpus.measure import failing
-from pagedprefix.conformance.adapters import impl
+from pagedprefix.conformance.adapters import impl, spec_capabilities
 from pagedprefix.conformance.minimize import replay
-from pagedprefix.conformance.stateful import HYBRID_SHAPES, _targeted_shape
+from pagedprefix.conformance.stateful import (
+    HYBRID_POOL_SIZES,
+    HYBRID_SHAPES,
+    _targeted_shape,
+    draw_hybrid_config,
+)
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
-from pagedprefix.spec import CacheConfig, KVCacheGroup, full, sliding
+from pagedprefix.spec import CacheConfig, KVCacheGroup, chunked, full, sliding
+from pagedprefix.spec.groups import hit_alignment
 
 Step = dict[str, Any]
 PROMPT = list(range(1, 14))
 TWO_FULLS = CacheConfig(block_size=2, num_blocks=40, groups=(full(2), full(4), KVCacheGroup("mamba", 4)))
 FULL_SLIDING = CacheConfig(block_size=2, num_blocks=12, groups=(full(2), sliding(3, 2)))
 MAMBA = CacheConfig(block_size=2, num_blocks=4, groups=(KVCacheGroup("mamba", 2),))
+TWO_CHUNKED = CacheConfig(block_size=2, num_blocks=8, groups=(chunked(6, 2), chunked(4, 2)))
 
 WITNESSES: dict[str, tuple[CacheConfig, list[Step], str]] = {
     # the sibling's full groups hit 8, the Mamba state only at 12: L = 0; group 1 (full(4)) keeps
@@ -56,6 +65,13 @@ WITNESSES: dict[str, tuple[CacheConfig, list[Step], str]] = {
             {"op": "allocate", "request_id": "c", "tokens": PROMPT[:8] + [60, 61]},
         ],
         "retention-adequacy",
+    ),
+    # nothing cached: the chunk-6 group is valid at 6, the chunk-4 group lowers that to 4, where
+    # the chunk-6 group needs entries 0 and 1 (its chunk starts at 0); only a second pass gives 0
+    "single_pass_fixpoint": (
+        TWO_CHUNKED,
+        [{"op": "allocate", "request_id": "a", "tokens": PROMPT[:7]}],
+        "group-soundness",
     ),
     # the running state moves from entry 0 (block 0) to entry 1; the step reads block 0
     "frees_copy_source": (
@@ -122,25 +138,46 @@ def test_targeted_shapes_give_two_full_groups_of_different_sizes() -> None:
     assert _targeted_shape(Fixed(0), ["mamba"], [(2, 4)]) is None
 
 
+class SeededDraw:
+    """A Draw over a seeded ``random.Random`` (``between``, ``pick``, ``chance``)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def between(self, lo: int, hi: int) -> int:
+        return lo if hi <= lo else self.rng.randint(lo, hi)
+
+    def pick(self, items: Any) -> Any:
+        return list(items)[self.between(0, len(items) - 1)]
+
+    def chance(self, k: int, n: int) -> bool:
+        return self.between(0, n - 1) < k
+
+
+def test_targeted_chunked_shapes_take_different_chunks_and_room_for_siblings() -> None:
+    """The fixpoint class's shapes: two chunked groups get chunks 2A and 3A in either order, three
+    get A, 2A and 3A in every order; a targeted pool holds at least 8 prompts of 3A + 1 tokens."""
+    caps = spec_capabilities(CacheConfig(block_size=2, num_blocks=8, groups=(full(2),)))
+    orders: set[tuple[int, ...]] = set()
+    for seed in range(3000):
+        config = draw_hybrid_config(SeededDraw(seed), caps)  # type: ignore[arg-type]
+        assert config is not None and config.groups
+        align = hit_alignment(config.groups)
+        if [g.kind for g in config.groups] != ["chunked"] * len(config.groups) or len(config.groups) < 2:
+            continue
+        prompt = sum(-(-(3 * align + 1) // g.block_size) for g in config.groups)
+        if config.num_blocks in HYBRID_POOL_SIZES:
+            continue  # (also) a pool of the untargeted draw
+        assert config.num_blocks in (8 * prompt, 16 * prompt, 32 * prompt)
+        orders.add(tuple(g.chunk // align for g in config.groups))
+    assert orders == {(2, 3), (3, 2), *itertools.permutations((1, 2, 3))}
+
+
 SWEEP_SEEDS = tuple(range(int(os.environ.get("PAGEDPREFIX_CORPUS_SEEDS", "1"))))
 
 
-NOT_CAUGHT = {"single_pass_fixpoint"}
-"""Mutants the stateful runner does not catch yet (conformance/README.md, the hybrid kill table:
-without eviction the groups' valid lengths are nested and one pass lands on the fixpoint)."""
-
-
 def _sweep() -> list[object]:
-    return [
-        pytest.param(
-            m,
-            seed,
-            id=f"{m.name}-seed{seed}",
-            marks=[pytest.mark.xfail(strict=False, reason="not caught yet")] if m.name in NOT_CAUGHT else [],
-        )
-        for m in HYBRID_MUTANTS
-        for seed in SWEEP_SEEDS
-    ]
+    return [pytest.param(m, seed, id=f"{m.name}-seed{seed}") for m in HYBRID_MUTANTS for seed in SWEEP_SEEDS]
 
 
 @pytest.mark.slow

@@ -258,7 +258,7 @@ HYBRID_MUTANTS: tuple[HybridMutant, ...] = (
         _factory(SinglePassFixpoint),
         "maximal",
         "group-soundness",
-        "fixpoint of three or more groups computed in one pass",
+        "the groups' fixpoint computed in one pass",
         "vLLM PR #31707; vllm-ascend #10998 / PR #11131",
     ),
     HybridMutant(
