@@ -32,7 +32,7 @@ import hashlib
 import struct
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
 import xxhash
@@ -114,7 +114,7 @@ class _HRequest:
 
 
 def _frozen(tables: Sequence[Table]) -> Tables:
-    return tuple(tuple(t) for t in tables)
+    return tuple(map(tuple, tables))
 
 
 class HybridBlockManager:
@@ -374,48 +374,62 @@ class HybridBlockManager:
     # ----- the free_block_queue -------------------------------------------------------------
 
     def _pop(self, g: int) -> int:
-        b = self._free.popleft()
-        self.num_pops += 1
-        if self._hash[b] is not None:
-            self._unkey(b)
-            self.num_evictions += 1
-        self._ref[b] = 1
-        self._group[b] = g
-        return b
+        """One pop for group ``g``: :meth:`_pops` of one block."""
+        if self._events is not None or self._pending:
+            b = self._free.popleft()
+            self.num_pops += 1
+            if self._hash[b] is not None:
+                self._unkey(b)
+                self.num_evictions += 1
+            self._ref[b] = 1
+            self._group[b] = g
+            return b
+        return self._pops(g, 1)[0]
 
     def _pops(self, g: int, count: int) -> list[int]:
-        """``count`` pops for group ``g`` in order: the same as ``count`` calls of :meth:`_pop`,
-        with the free_block_queue unlinked in one run and the evictions inlined."""
-        blocks = self._free.popleft_many(count)
-        self.num_pops += count
-        hashes, ref, group = self._hash, self._ref, self._group
+        """``count`` pops for group ``g`` in order: the same as ``count`` calls of :meth:`_pop`.
+        Without events or pending states, one pass walks the free_block_queue's head, unlinks each
+        block (:meth:`FreeBlockQueue.popleft_many`'s work) and evicts its key (:meth:`_unkey`'s)."""
+        free = self._free
         if self._events is not None or self._pending:
+            blocks = free.popleft_many(count)
+            self.num_pops += count
             for b in blocks:
-                if hashes[b] is not None:
+                if self._hash[b] is not None:
                     self._unkey(b)
                     self.num_evictions += 1
-        else:
-            index, origin, evicted = self._index, self._origin, 0
-            for b in blocks:
-                key = hashes[b]
-                if key is not None:
-                    found = index[key]
-                    if isinstance(found, int):
-                        del index[key]
-                    else:
-                        found.remove(b)
-                        if len(found) == 1:
-                            index[key] = found[0]
-                    hashes[b] = None
-                    origin[b] = None
-                    evicted += 1
-                ref[b] = 1
-                group[b] = g
-            self.num_evictions += evicted
+                self._ref[b] = 1
+                self._group[b] = g
             return blocks
-        for b in blocks:
+        if count > free.size:
+            raise IndexError(f"pop of {count} blocks from a free_block_queue of {free.size}")
+        nxt, prv, s = free._next, free._prev, free._sentinel
+        hashes, ref, group, index, origin = self._hash, self._ref, self._group, self._index, self._origin
+        blocks: list[int] = []
+        add = blocks.append
+        evicted = 0
+        b = nxt[s]
+        for _ in range(count):
+            add(b)
+            key = hashes[b]
+            if key is not None:
+                found = index.pop(key)  # the index's order is not observable (snapshot sorts)
+                if not isinstance(found, int):
+                    found.remove(b)
+                    index[key] = found[0] if len(found) == 1 else found
+                hashes[b] = None
+                origin[b] = None
+                evicted += 1
             ref[b] = 1
             group[b] = g
+            following = nxt[b]
+            nxt[b] = prv[b] = -1
+            b = following
+        nxt[s] = b
+        prv[b] = s
+        free.size -= count
+        self.num_pops += count
+        self.num_evictions += evicted
         return blocks
 
     def _release(self, b: int) -> None:
@@ -428,25 +442,46 @@ class HybridBlockManager:
         else:
             self._free.append(b)
 
-    def _release_batch(self, blocks: Sequence[int]) -> None:
-        """The spec's release batch: unkeyed blocks (``unhashed_to_head``) prepended in release
-        order, the others appended in release order."""
-        ref, hashes, u2h = self._ref, self._hash, self._u2h
-        head: list[int] = []
-        tail: list[int] = []
+    def _release_batch(self, blocks: Iterable[int | None]) -> None:
+        """The spec's release batch of ``blocks`` (``None`` entries skipped): unkeyed blocks
+        (``unhashed_to_head``) prepended in release order (the first released ends at the head),
+        the others appended in release order. One pass: each block whose ``ref_cnt`` drops to 0
+        is linked into its run at once (:meth:`FreeBlockQueue.extend` and ``prepend``'s work)."""
+        ref, hashes, u2h, free = self._ref, self._hash, self._u2h, self._free
+        nxt, prv, s = free._next, free._prev, free._sentinel
+        tail = prv[s]
+        first = last = -1  # the run bound for the head
+        added = 0
         for b in blocks:
+            if b is None:
+                continue
             r = ref[b] - 1
             ref[b] = r
             if r:
                 continue
+            added += 1
             if u2h and hashes[b] is None:
-                head.append(b)
+                if last < 0:
+                    first = b
+                else:
+                    nxt[last] = b
+                    prv[b] = last
+                last = b
             else:
-                tail.append(b)
-        if tail:
-            self._free.extend(tail)
-        if head:
-            self._free.prepend(head)
+                nxt[tail] = b
+                prv[b] = tail
+                tail = b
+        if not added:
+            return
+        nxt[tail] = s
+        prv[s] = tail
+        if last >= 0:
+            head = nxt[s]
+            nxt[s] = first
+            prv[first] = s
+            nxt[last] = head
+            prv[head] = last
+        free.size += added
 
     def _register(self, rid: RequestId, request: _HRequest, g: int, j: int) -> None:
         b = request.tables[g][j]
@@ -492,7 +527,8 @@ class HybridBlockManager:
         self, rid: RequestId, request: _HRequest, settled: int, boundaries: Sequence[int]
     ) -> None:
         now = len(request.tokens)
-        hashes, index, origin, fine = self._hash, self._index, self._origin, request.fine
+        hashes, origin, fine = self._hash, self._origin, request.fine
+        setdefault = self._index.setdefault
         slow = self._events is not None
         for g in range(len(self.groups)):
             table = request.tables[g]
@@ -516,10 +552,7 @@ class HybridBlockManager:
                     hashes[b] = key
                     origin[b] = fine
                     olen[b] = length
-                    found = index.get(key)
-                    if found is None:
-                        index[key] = b
-                    else:
+                    if setdefault(key, b) is not b:  # b holds no key yet: another block has it
                         self._index_add(key, b)
 
     def _release_checkpoints(
@@ -754,10 +787,9 @@ class HybridBlockManager:
                     self._unkey(b)
         if self.config.group_free_order == "group_major":
             for table in request.tables:
-                self._release_batch([b for b in reversed(table) if b is not None])
+                self._release_batch(reversed(table))
         else:
-            order = [b for table in reversed(request.tables) for b in reversed(table)]
-            self._release_batch([b for b in order if b is not None])
+            self._release_batch(b for table in reversed(request.tables) for b in reversed(table))
 
     def new_step(self) -> None:
         """Publish the recurrent states keyed so far (O(pending))."""
