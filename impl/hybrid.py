@@ -68,6 +68,7 @@ from pagedprefix.spec.groups import (
     cacheable,
     dense_boundaries,
     first_lookup_class,
+    first_needed,
     need_set,
     num_entries,
     replay_boundary,
@@ -167,6 +168,9 @@ class HybridBlockManager:
         self._mamba = [g.kind == "mamba" for g in self.groups]
         self._first = first_lookup_class(self.groups)  # the junction's groups (spec ``_junction``)
         self._any_mamba = any(self._mamba)
+        self._sizes = [g.block_size for g in self.groups]
+        # Groups whose need set can start above entry 0 (a full group never releases early).
+        self._windowed = [(g, group) for g, group in enumerate(self.groups) if group.kind != "full"]
 
     @classmethod
     def create(cls, config: CacheConfig, *, events: bool = False) -> HybridBlockManager:
@@ -374,17 +378,14 @@ class HybridBlockManager:
     # ----- the free_block_queue -------------------------------------------------------------
 
     def _pop(self, g: int) -> int:
-        """One pop for group ``g``: :meth:`_pops` of one block."""
-        if self._events is not None or self._pending:
-            b = self._free.popleft()
-            self.num_pops += 1
-            if self._hash[b] is not None:
-                self._unkey(b)
-                self.num_evictions += 1
-            self._ref[b] = 1
-            self._group[b] = g
-            return b
-        return self._pops(g, 1)[0]
+        b = self._free.popleft()
+        self.num_pops += 1
+        if self._hash[b] is not None:
+            self._unkey(b)
+            self.num_evictions += 1
+        self._ref[b] = 1
+        self._group[b] = g
+        return b
 
     def _pops(self, g: int, count: int) -> list[int]:
         """``count`` pops for group ``g`` in order: the same as ``count`` calls of :meth:`_pop`.
@@ -672,26 +673,31 @@ class HybridBlockManager:
 
     def _release_skipped(self, request: _HRequest, settled: int) -> None:
         """Release each group's held entries outside its need set at ``settled``, newest first,
-        one batch per group."""
-        for g, group in enumerate(self.groups):
-            table = request.tables[g]
-            batch: list[int] = []
+        one batch per group (full groups hold their whole need set: nothing leaves)."""
+        tables, lows = request.tables, request.low
+        for g, group in self._windowed:
+            table = tables[g]
             if self._mamba[g]:
                 running = num_entries(group, settled) - 1
-                for j in range(len(table) - 1, request.low[g] - 1, -1):
+                batch: list[int] = []
+                for j in range(len(table) - 1, lows[g] - 1, -1):
                     b = table[j]
                     if b is not None and j != running:
                         table[j] = None
                         batch.append(b)
-                request.low[g] = max(request.low[g], running)
+                lows[g] = max(lows[g], running)
+                if batch:
+                    self._release_batch(batch)
+                continue
+            if group.kind == "sliding":  # first_needed, inlined
+                first = max(0, settled - group.window + 1) // group.block_size
             else:
-                first, low = need_set(group, settled).start, request.low[g]
-                if first > low:  # entries low .. first - 1 leave, newest first
-                    batch = [b for b in reversed(table[low:first]) if b is not None]
-                    table[low:first] = [None] * (first - low)
-                    request.low[g] = first
-            if batch:
-                self._release_batch(batch)
+                first = first_needed(group, settled)
+            low = lows[g]
+            if first > low:  # entries low .. first - 1 leave, newest first
+                self._release_batch(reversed(table[low:first]))
+                table[low:first] = [None] * (first - low)
+                lows[g] = first
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> HybridAppendResult:
         """Extend a request by decoded ``tokens`` (the spec's rules: the release stands even on
@@ -702,6 +708,8 @@ class HybridBlockManager:
         old_len = len(request.tokens)
         new_len = old_len + len(new)
         self._release_skipped(request, old_len)
+        if not self._dense and not self._any_mamba:
+            return self._append_attention(rid, request, new, old_len, new_len)
         boundaries = list(dense_boundaries(old_len, new_len, self.align)) if self._dense else []
         ref = self._ref
         cows: list[bool] = []
@@ -745,6 +753,50 @@ class HybridBlockManager:
             self._register_all(rid, request, old_len, boundaries)
         released = self._release_checkpoints(request, popped, new_len) if self._any_mamba else ()
         return HybridAppendResult(tuple(copies), _frozen(request.tables), released)
+
+    def _append_attention(
+        self, rid: RequestId, request: _HRequest, new: array[int], old_len: int, new_len: int
+    ) -> HybridAppendResult:
+        """:meth:`append` after the release when every group is an attention group (full,
+        sliding, chunked) and retention is ``replay``: no dense boundaries, no checkpoints, and
+        each table ends at entry ``ceil(old_len / B) - 1``, so a group pops its copy-on-write
+        block (a shared partial last entry) and then ``ceil(new_len / B) - len(table)`` new ones,
+        in group order, as the general path does."""
+        ref, tables, sizes = self._ref, request.tables, self._sizes
+        cows: list[int] = []  # the groups whose last entry is copied on write
+        need = 0
+        for g, B in enumerate(sizes):
+            table = tables[g]
+            need += -(-new_len // B) - len(table)
+            if old_len % B:
+                last = table[-1]
+                if last is not None and ref[last] > 1:
+                    cows.append(g)
+        need += len(cows)
+        if need > self._free.size:
+            raise OutOfBlocks(need, self._free.size, self._n, self._total_blocks(new_len))
+
+        copies: list[tuple[int, int]] = []
+        for g, B in enumerate(sizes):
+            table = tables[g]
+            if cows and g in cows:
+                src = table[-1]
+                assert src is not None
+                dst = self._pop(g)
+                ref[src] -= 1
+                table[-1] = dst
+                copies.append((src, dst))
+            grow = -(-new_len // B) - len(table)
+            if grow == 1:
+                table.append(self._pop(g))
+            elif grow > 0:
+                table.extend(self._pops(g, grow))
+        request.tokens.extend(new)
+        self._chain(request.tokens, request.extras, request.fine)
+        align = self.align
+        if new_len // align > old_len // align:  # the cacheable length grows: new keys
+            self._register_all(rid, request, old_len, ())
+        return HybridAppendResult(tuple(copies), _frozen(tables))
 
     def fork(self, parent_id: RequestId, child_id: RequestId) -> ForkResult:
         """Share the parent's entries, copy each Mamba running state. Raises
