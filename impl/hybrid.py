@@ -389,8 +389,9 @@ class HybridBlockManager:
 
     def _pops(self, g: int, count: int) -> list[int]:
         """``count`` pops for group ``g`` in order: the same as ``count`` calls of :meth:`_pop`.
-        Without events or pending states, one pass walks the free_block_queue's head, unlinks each
-        block (:meth:`FreeBlockQueue.popleft_many`'s work) and evicts its key (:meth:`_unkey`'s)."""
+        Without events or pending states the free_block_queue's first ``count`` blocks are read
+        off its links in one comprehension, then one pass unlinks each
+        (:meth:`FreeBlockQueue.popleft_many`'s work) and evicts its key (:meth:`_unkey`'s)."""
         free = self._free
         if self._events is not None or self._pending:
             blocks = free.popleft_many(count)
@@ -406,16 +407,16 @@ class HybridBlockManager:
             raise IndexError(f"pop of {count} blocks from a free_block_queue of {free.size}")
         nxt, prv, s = free._next, free._prev, free._sentinel
         hashes, ref, group, index, origin = self._hash, self._ref, self._group, self._index, self._origin
-        blocks: list[int] = []
-        add = blocks.append
+        b = s
+        blocks = [b := nxt[b] for _ in range(count)]  # the first ``count`` blocks from the head
+        following = nxt[b]
+        pop = index.pop
         evicted = 0
-        b = nxt[s]
-        for _ in range(count):
-            add(b)
+        for b in blocks:
             key = hashes[b]
             if key is not None:
-                found = index.pop(key)  # the index's order is not observable (snapshot sorts)
-                if not isinstance(found, int):
+                found = pop(key)  # the index's order is not observable (snapshot sorts)
+                if not isinstance(found, int):  # duplicates of one key: a handful at most
                     found.remove(b)
                     index[key] = found[0] if len(found) == 1 else found
                 hashes[b] = None
@@ -423,11 +424,9 @@ class HybridBlockManager:
                 evicted += 1
             ref[b] = 1
             group[b] = g
-            following = nxt[b]
             nxt[b] = prv[b] = -1
-            b = following
-        nxt[s] = b
-        prv[b] = s
+        nxt[s] = following
+        prv[following] = s
         free.size -= count
         self.num_pops += count
         self.num_evictions += evicted
