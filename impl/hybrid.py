@@ -169,6 +169,11 @@ class HybridBlockManager:
         self._first = first_lookup_class(self.groups)  # the junction's groups (spec ``_junction``)
         self._any_mamba = any(self._mamba)
         self._sizes = [g.block_size for g in self.groups]
+        # Per group for _register_all: its block size and whether it keys a run of entries (full,
+        # chunked) rather than the need sets of the boundaries (sliding, Mamba).
+        self._register_plan = [
+            (g, group.block_size, group.kind in ("full", "chunked")) for g, group in enumerate(self.groups)
+        ]
         # Groups whose need set can start above entry 0 (a full group never releases early).
         self._windowed = [(g, group) for g, group in enumerate(self.groups) if group.kind != "full"]
 
@@ -199,6 +204,9 @@ class HybridBlockManager:
             return
         data = token_bytes(tokens[first * h : count * h])
         p = fine[-1] if fine else self.root
+        if count == first + 1 and self.config.hash_algo == "sha256" and _is_plain(extras):
+            fine.append(hashlib.sha256(b"".join((self._pre, p, self._mid, data, _NO_FIELDS))).digest())
+            return
         blocks = self._block_struct.iter_unpack(data)  # each block's token bytes, split in C
         if _is_plain(extras):
             pre, mid, t, join = self._pre, self._mid, _NO_FIELDS, b"".join
@@ -526,24 +534,38 @@ class HybridBlockManager:
     def _register_all(
         self, rid: RequestId, request: _HRequest, settled: int, boundaries: Sequence[int]
     ) -> None:
+        """Key every entry :meth:`_keyed_entries` selects that holds no key yet, group by group
+        in entry order; a full or chunked group's run is keyed in one inlined loop when events
+        are off (no ``BlockStored`` to emit, no pending states)."""
         now = len(request.tokens)
-        hashes, origin, fine = self._hash, self._origin, request.fine
-        setdefault = self._index.setdefault
+        align, tables = self.align, request.tables
+        settled_c, now_c = settled // align * align, now // align * align  # ``cacheable``
+        hashes = self._hash
         slow = self._events is not None
-        for g in range(len(self.groups)):
-            table = request.tables[g]
-            entries = self._keyed_entries(g, settled, now, boundaries)
-            if slow or self._mamba[g] or not isinstance(entries, range):  # a few need-set entries
-                for j in entries:
+        for g, B, run in self._register_plan:
+            table = tables[g]
+            if not run:  # sliding and Mamba groups: the need sets of the boundaries
+                if boundaries:
+                    for j in self._keyed_entries(g, settled, now, boundaries):
+                        b = table[j]
+                        assert b is not None
+                        if hashes[b] is None:
+                            self._register(rid, request, g, j)
+                continue
+            lo, hi = settled_c // B, now_c // B  # full and chunked groups: a run of entries
+            if lo >= hi:
+                continue
+            if slow:
+                for j in range(lo, hi):
                     b = table[j]
                     assert b is not None
                     if hashes[b] is None:
                         self._register(rid, request, g, j)
                 continue
-            tag, step, B, olen = self._tags[g], self._step[g], self.groups[g].block_size, self._olen
-            lo, hi = entries.start, entries.stop  # full and chunked groups: a run of entries
-            # _register inlined (no events, no pending states): entry j's block, its fine key and
-            # the prefix length it stands for, walked together
+            fine, origin, olen, setdefault = request.fine, self._origin, self._olen, self._index.setdefault
+            tag, step = self._tags[g], self._step[g]
+            # _register inlined: entry j's block, its fine key and the prefix length it stands
+            # for, walked together
             for b, k, length in zip(table[lo:hi], fine[(lo + 1) * step - 1 : hi * step : step],
                                     range((lo + 1) * B, (hi + 1) * B, B)):
                 assert b is not None
