@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
+import numpy as np
 import xxhash
 from pagedprefix.spec import (
     NO_EXTRAS,
@@ -92,6 +93,10 @@ IMPL_HYBRID_BYTES_PER_BLOCK = 40
 """Bytes an empty :class:`HybridBlockManager` pool takes per block: ``ref_cnt`` (4), the key and
 origin slots (16), the origin length (4), the free queue's links (8), the group byte, rounded up
 (the estimate :meth:`HybridBlockManager.create` checks against the memory available)."""
+
+_BULK = 64
+"""Runs of at least this many blocks store their constant per-block fields (``ref_cnt``, group,
+the free_block_queue's unlinked marks) through numpy views of the arrays, one call per field."""
 
 Table = list[int | None]
 Tables = tuple[tuple[int | None, ...], ...]
@@ -420,6 +425,7 @@ class HybridBlockManager:
         following = nxt[b]
         pop = index.pop
         evicted = 0
+        bulk = count >= _BULK
         for b in blocks:
             key = hashes[b]
             if key is not None:
@@ -430,9 +436,16 @@ class HybridBlockManager:
                 hashes[b] = None
                 origin[b] = None
                 evicted += 1
-            ref[b] = 1
-            group[b] = g
-            nxt[b] = prv[b] = -1
+            if not bulk:
+                ref[b] = 1
+                group[b] = g
+                nxt[b] = prv[b] = -1
+        if bulk:  # the same constant stores, through numpy views of the arrays (one call each)
+            at = np.array(blocks, dtype=np.intp)
+            np.frombuffer(ref, dtype=np.int32)[at] = 1
+            np.frombuffer(group, dtype=np.int8)[at] = g
+            np.frombuffer(nxt, dtype=np.int32)[at] = -1
+            np.frombuffer(prv, dtype=np.int32)[at] = -1
         nxt[s] = following
         prv[following] = s
         free.size -= count

@@ -21,10 +21,12 @@ import os
 from collections import Counter
 from typing import Any
 
+import pytest
 from hybrid_support import apply, hybrid_configs, next_op
 from hypothesis import settings
 from hypothesis import strategies as st
 from pagedprefix.impl import HybridBlockManager, create_manager
+from pagedprefix.impl import hybrid as hybrid_module
 from pagedprefix.spec import CacheConfig, HybridSpecCache, create_cache, full, sliding
 from pagedprefix.spec.events import BlockRemoved, GroupKey
 from pagedprefix.spec.events import apply as apply_event
@@ -85,10 +87,18 @@ def test_hybrid_manager_equals_the_spec() -> None:
     check()
 
 
-def test_hybrid_manager_without_events_equals_the_spec() -> None:
+@pytest.mark.parametrize("bulk", [None, 1], ids=["runs-of-64", "every-run"])
+def test_hybrid_manager_without_events_equals_the_spec(
+    monkeypatch: pytest.MonkeyPatch, bulk: int | None
+) -> None:
     """The same side-by-side check with the manager's events off: its pops, releases and key
-    registrations then take the fused one-pass paths."""
+    registrations then take the fused one-pass paths; ``every-run`` sends every run of pops through
+    the numpy stores that the default keeps for runs of ``_BULK`` (64) blocks or more (the small
+    pools here rarely pop that many at once)."""
     from hypothesis import given
+
+    if bulk is not None:
+        monkeypatch.setattr(hybrid_module, "_BULK", bulk)
 
     @(settings(max_examples=EXAMPLES) if EXAMPLES else settings())
     @given(st.data())
