@@ -728,7 +728,13 @@ class HybridBlockManager:
             else:
                 first = first_needed(group, settled)
             low = lows[g]
-            if first > low:  # entries low .. first - 1 leave, newest first
+            if first == low + 1:  # a decode step moves the window by one entry
+                b = table[low]
+                if b is not None:
+                    table[low] = None
+                    self._release(b)  # a batch of one
+                lows[g] = first
+            elif first > low:  # entries low .. first - 1 leave, newest first
                 self._release_batch(reversed(table[low:first]))
                 table[low:first] = [None] * (first - low)
                 lows[g] = first
