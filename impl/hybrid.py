@@ -17,7 +17,13 @@ is kept:
   lookup is O(entries + candidates x groups), independent of the window and of the pool;
 - a decode releases out-of-window entries from a per-group *low-water mark* (entries below it are
   already released), so every entry is released once: amortized O(1) per block;
-- pending Mamba states are an insertion-ordered dict keyed by block (O(1) to test, drop, publish).
+- pending Mamba states are an insertion-ordered dict keyed by block (O(1) to test, drop, publish);
+- fewer Python steps per block, the same results: a release batch links each freed block into
+  its run as it goes; an append to attention-only groups under replay retention skips the general
+  path's per-group bookkeeping; and without events (or pending states) a run of pops reads its
+  blocks off the free_block_queue's links, then unlinks them and evicts their keys in one pass
+  (runs of ``_BULK`` blocks or more store the constant fields through numpy views), and a run of
+  new keys is registered in one inlined loop.
 
 A keyed block remembers where its key comes from (its registering request's fine chain, append
 only, and the prefix length), which is all :meth:`orphans` needs. Costs: ``lookup`` and
