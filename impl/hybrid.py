@@ -780,12 +780,7 @@ class HybridBlockManager:
         for g, group in enumerate(self.groups):
             table = request.tables[g]
             if cows[g]:
-                src = table[-1]
-                assert src is not None
-                dst = self._pop(g)
-                ref[src] -= 1
-                table[-1] = dst
-                copies.append((src, dst))
+                copies.append(self._copy_last(g, table))
             grow = -(-new_len // group.block_size) - len(table)
             if grow > 0:
                 table.extend([None] * grow)
@@ -799,6 +794,16 @@ class HybridBlockManager:
             self._register_all(rid, request, old_len, boundaries)
         released = self._release_checkpoints(request, popped, new_len) if self._any_mamba else ()
         return HybridAppendResult(tuple(copies), _frozen(request.tables), released)
+
+    def _copy_last(self, g: int, table: Table) -> tuple[int, int]:
+        """Copy-on-write of ``table``'s shared last entry (group ``g``): a new block takes its
+        place and the shared one loses this reference; ``(source, destination)``."""
+        src = table[-1]
+        assert src is not None
+        dst = self._pop(g)
+        self._ref[src] -= 1
+        table[-1] = dst
+        return src, dst
 
     def _append_attention(
         self, rid: RequestId, request: _HRequest, new: array[int], old_len: int, new_len: int
@@ -826,12 +831,7 @@ class HybridBlockManager:
         for g, B in enumerate(sizes):
             table = tables[g]
             if cows and g in cows:
-                src = table[-1]
-                assert src is not None
-                dst = self._pop(g)
-                ref[src] -= 1
-                table[-1] = dst
-                copies.append((src, dst))
+                copies.append(self._copy_last(g, table))
             grow = -(-new_len // B) - len(table)
             if grow == 1:
                 table.append(self._pop(g))
