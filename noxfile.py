@@ -50,7 +50,7 @@ def lint(session: nox.Session) -> None:
     session.install("ruff>=0.5")
     session.run("ruff", "check", ".")
     install_package(session)
-    session.install("import-linter>=2.1")
+    session.install("import-linter>=2.6")  # acyclic_siblings contracts: 2.6 on
     config = os.path.join(os.getcwd(), "pyproject.toml")
     # Run outside the checkout so its top-level folders cannot shadow the installed package.
     with session.chdir(session.create_tmp()):
