@@ -58,9 +58,10 @@ MAX_SECONDS = 1e6
 """The largest time limit accepted (about eleven days)."""
 
 
-def fail_user(message: str) -> typer.Exit:
-    """Print ``message`` as one line on stderr; the ``typer.Exit(2)`` to raise."""
-    print(f"pagedprefix conform: error: {' '.join(message.split())}", file=sys.stderr)
+def fail_user(message: str, command: str = "conform") -> typer.Exit:
+    """Print ``message`` as one line on stderr, prefixed ``pagedprefix COMMAND: error:``; the
+    ``typer.Exit(2)`` to raise."""
+    print(f"pagedprefix {command}: error: {' '.join(message.split())}", file=sys.stderr)
     return typer.Exit(2)
 
 
@@ -348,6 +349,9 @@ def matrix(
         bool, typer.Option("--check", help="exit 1 if a regeneration differs from --out")
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="the seed of every run")] = 0,
+    jobs: Annotated[
+        int, typer.Option("--jobs", help="engines run at once, a process each (0: one per core)")
+    ] = 0,
 ) -> None:
     """Run every shipped engine (vLLM and SGLang when installed) at its strongest honest profile
     and at core, and write the conformance matrix (docs/MATRIX.md; --check compares instead)."""
@@ -362,26 +366,31 @@ def matrix(
             check_output_path(json_path, "--json")
         if not 0 <= seed < 2**63:
             raise UserError(f"--seed must be in [0, 2**63), got {seed}")
+        if jobs < 0:
+            raise UserError(f"--jobs must be >= 0, got {jobs}")
     except UserError as exc:
-        raise fail_user(str(exc)) from None
+        raise fail_user(str(exc), "matrix") from None
     engines = [*MATRIX_ENGINES, *(MatrixEngine(name, "") for name in engine or [])]
-    supervised_command(lambda: _matrix_run(engines, out, json_path, check, seed), "matrix")
+    supervised_command(lambda: _matrix_run(engines, out, json_path, check, seed, jobs), "matrix")
 
 
 def _matrix_run(
-    engines: list[MatrixEngine], out: Path, json_path: Path | None, check: bool, seed: int
+    engines: list[MatrixEngine], out: Path, json_path: Path | None, check: bool, seed: int, jobs: int = 0
 ) -> None:
     """Run the matrix's cells, then write or check it (in the supervised child)."""
-    from .matrix import channel_gaps, declared_channels, render_markdown, run_cells, to_json
+    from .matrix import channel_gaps, declared_channels, default_jobs, render_markdown, run_matrix, to_json
 
     try:
         channels = {e.name: declared_channels(e.name) for e in engines}
     except ValueError as exc:
-        raise fail_user(f"matrix: malformed channel declaration: {exc}") from None
-    cells = []
-    for e in engines:
-        print(f"matrix: {e.name} ...", file=sys.stderr, flush=True)
-        cells += run_cells(e, _trace_groups(), seed)
+        raise fail_user(f"malformed channel declaration: {exc}", "matrix") from None
+    cells = run_matrix(
+        engines,
+        _trace_groups(),
+        seed,
+        jobs=jobs or default_jobs(),
+        progress=lambda name: print(f"matrix: {name} ...", file=sys.stderr, flush=True),
+    )
     text = render_markdown(cells, seed, channels) + "".join(section() for section in _MATRIX_SECTIONS)
     if json_path is not None:
         json_path.write_text(json.dumps(to_json(cells), indent=1) + "\n", encoding="utf-8")

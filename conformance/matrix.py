@@ -18,8 +18,11 @@ verdict, the precise reason from ``notes.NOT_DRIVEN``: nothing of it runs.
 from __future__ import annotations
 
 import importlib.metadata
+import multiprocessing
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +132,58 @@ def run_cells(
         if callable(close):
             close()
     return cells
+
+
+# What the forked workers of :func:`run_matrix` run: set before the pool forks, read by index, so
+# neither the engines nor the check groups (closures, some of them) need to pickle.
+_WORK: tuple[Sequence[MatrixEngine], Sequence[tuple[str, CheckGroup]], int] | None = None
+
+
+def _cells_at(index: int) -> list[Cell]:
+    assert _WORK is not None, "run_matrix sets the work before its pool forks"
+    engines, groups, seed = _WORK
+    return run_cells(engines[index], groups, seed)
+
+
+def default_jobs() -> int:
+    """The cores this process may run on (CI: 2)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def run_matrix(
+    engines: Sequence[MatrixEngine],
+    groups: Sequence[tuple[str, CheckGroup]],
+    seed: int = 0,
+    jobs: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> list[Cell]:
+    """Every engine's :func:`run_cells`, in the order of ``engines`` whatever ``jobs`` is.
+
+    ``jobs`` > 1 (on a platform with ``fork``) runs that many engines at a time, each in a forked
+    worker process (``concurrent.futures``): the engines' runs are independent of each other and of
+    the order they run in, and the Markdown holds no timings, so the matrix is the same byte for
+    byte (``tests/test_matrix_not_driven.py`` proves it on the built-in engines). ``progress`` is
+    called with each engine's name when it is handed out."""
+    global _WORK
+    if jobs <= 1 or len(engines) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        cells: list[Cell] = []
+        for engine in engines:
+            if progress is not None:
+                progress(engine.name)
+            cells += run_cells(engine, groups, seed)
+        return cells
+    _WORK = (engines, groups, seed)
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(engines)), mp_context=context) as pool:
+            futures = []
+            for index, engine in enumerate(engines):
+                if progress is not None:
+                    progress(engine.name)
+                futures.append(pool.submit(_cells_at, index))
+            return [cell for future in futures for cell in future.result()]
+    finally:
+        _WORK = None
 
 
 def _cell(engine: str, version: str, profile: str, report: SuiteReport) -> Cell:
