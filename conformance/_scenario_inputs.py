@@ -6,6 +6,7 @@ section 4), each row walked by :func:`~._scenario_play.play`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras, LoRA, MultiModalItem, PromptEmbeds
 
@@ -227,7 +228,7 @@ def error_rows(B: int, N: int) -> list[Row]:
 def errors() -> list[Case]:
     B, N = 4, 4
     cases = [
-        play_row(row, f"errors/{row.name}", lambda n: cfg(B, n), n=N, section="4.invalid-input")
+        play_row(row, f"errors/{row.name}", partial(cfg, B), n=N, section="4.invalid-input")
         for row in error_rows(B, N)
     ]
     for label, fields in BAD_CONFIGS:

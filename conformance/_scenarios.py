@@ -201,8 +201,12 @@ def policies() -> list[Case]:
 # ----- copy-on-write ------------------------------------------------------------------------------
 
 
-def cow_rows(B: int, dedup: bool) -> list[Row]:
-    """Fork and copy-on-write (section 4.append), block size ``B``, with or without dedup_on_full."""
+COW_ONLY = {"fork-aligned-no-copy": True, "freed-parent-no-copy": False}
+"""The copy-on-write rows played under one dedup_on_full setting only."""
+
+
+def cow_rows(B: int) -> list[Row]:
+    """Fork and copy-on-write (section 4.append), block size ``B`` (a pool of 12)."""
     p = run(B + 1, 10)
     return [
         Row(
@@ -212,16 +216,12 @@ def cow_rows(B: int, dedup: bool) -> list[Row]:
             [("allocate", "a", p), ("fork", "a", "b"), ("append", "a", [1]), ("append", "b", [2]),
              ("free", "a"), ("free", "b")],
         ),
-        *(  # a block-aligned fork: under dedup_on_full only
-            [Row(
-                "fork-aligned-no-copy",
-                "A fork of a block-aligned request shares only full blocks: appends pop new blocks and copy "
-                "nothing.",
-                [("allocate", "a", run(2 * B, 10)), ("fork", "a", "b"), ("append", "a", [1]),
-                 ("append", "b", [2])],
-            )]
-            if dedup
-            else []
+        Row(
+            "fork-aligned-no-copy",
+            "A fork of a block-aligned request shares only full blocks: appends pop new blocks and copy "
+            "nothing.",
+            [("allocate", "a", run(2 * B, 10)), ("fork", "a", "b"), ("append", "a", [1]),
+             ("append", "b", [2])],
         ),
         Row(
             "child-writes-first",
@@ -250,14 +250,10 @@ def cow_rows(B: int, dedup: bool) -> list[Row]:
              ("append", "a", [1])],
             n=2,
         ),
-        *(  # a freed parent: without dedup_on_full only
-            []
-            if dedup
-            else [Row(
-                "freed-parent-no-copy",
-                "After the parent is freed the child owns the partial block: no copy.",
-                [("allocate", "a", p), ("fork", "a", "b"), ("free", "a"), ("append", "b", [1])],
-            )]
+        Row(
+            "freed-parent-no-copy",
+            "After the parent is freed the child owns the partial block: no copy.",
+            [("allocate", "a", p), ("fork", "a", "b"), ("free", "a"), ("append", "b", [1])],
         ),
         Row(
             "append-many-after-fork",
@@ -276,7 +272,8 @@ def cow() -> list[Case]:
         )
         for B in (2, 3, 4)
         for dedup in (False, True)
-        for row in cow_rows(B, dedup)
+        for row in cow_rows(B)
+        if COW_ONLY.get(row.name, dedup) == dedup
     ]
 
 
