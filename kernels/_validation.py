@@ -231,10 +231,15 @@ def check_scale(scale: object) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class WriteKVProblem:
-    """Sizes of one ``write_kv`` call."""
+    """One validated ``write_kv`` call: its tensors and sizes."""
 
+    key: torch.Tensor
+    value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    slot_mapping: torch.Tensor
     num_tokens: int
     num_kv_heads: int
     head_dim: int
@@ -286,6 +291,11 @@ def check_write_kv(
         if torch.unique(used).numel() != used.numel():
             raise KernelValueError("slot_mapping writes the same slot twice; the result would be undefined")
     return WriteKVProblem(
+        k,
+        v,
+        kc,
+        vc,
+        slots,
         num_tokens=int(k.shape[0]),
         num_kv_heads=int(k.shape[1]),
         head_dim=int(k.shape[2]),
@@ -408,10 +418,17 @@ def check_copy_blocks(
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AttentionProblem:
-    """Sizes of one ``paged_attention`` call."""
+    """One validated ``paged_attention`` call: its tensors, ``scale`` as a float, sizes and window."""
 
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    scale: float
     num_tokens: int
     num_reqs: int
     num_q_heads: int
@@ -422,6 +439,7 @@ class AttentionProblem:
     max_blocks_per_req: int
     max_query_len: int
     window: AttentionWindow = FULL_ATTENTION
+    num_splits: int | None = None
 
     @property
     def group_size(self) -> int:
@@ -489,10 +507,9 @@ def check_paged_attention(
             ("query_start_loc", starts),
         ]
     )
-    check_scale(scale)
+    scale_value = check_scale(scale)
     window = check_window(sliding_window, attention_chunk_size)
-    if num_splits is not None:
-        _int_arg("num_splits", num_splits, 1)
+    splits = None if num_splits is None else _int_arg("num_splits", num_splits, 1)
     if max_query_len is not None:
         max_query_len = _int_arg("max_query_len", max_query_len, 0)
         if max_query_len > num_tokens:
@@ -530,6 +547,13 @@ def check_paged_attention(
             )
         resolved_max_q = max_query_len
     return AttentionProblem(
+        q,
+        kc,
+        vc,
+        table,
+        lens,
+        starts,
+        scale_value,
         num_tokens=num_tokens,
         num_reqs=num_reqs,
         num_q_heads=num_q_heads,
@@ -540,6 +564,7 @@ def check_paged_attention(
         max_blocks_per_req=max_blocks_per_req,
         max_query_len=resolved_max_q,
         window=window,
+        num_splits=splits,
     )
 
 

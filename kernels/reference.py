@@ -6,69 +6,68 @@ Python) and compute attention in float32.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from . import _docs
+from ._entry import KernelBackend
 from ._validation import (
     FULL_ATTENTION,
     AttentionProblem,
     AttentionWindow,
-    check_copy_blocks,
+    CopyBlocksProblem,
+    WriteKVProblem,
     check_dense_attention,
     check_gather_kv,
-    check_paged_attention,
-    check_write_kv,
 )
 
 __all__ = ["copy_blocks", "paged_attention", "write_kv"]
 
-_NOTE = "Torch reference implementation."
+
+class ReferenceBackend(KernelBackend):
+    """The torch launches: indexing for the writes and copies, a loop over requests for attention."""
+
+    def prepare(self, device: torch.device, *, needs_device_addresses: bool = False) -> None:
+        """Torch runs on every device: nothing to refuse."""
+
+    def launch_write_kv(self, problem: WriteKVProblem) -> None:
+        # Values only, as the Triton kernel writes them: under inference mode no autograd history reaches
+        # the cache (a key that requires grad would otherwise make the cache require grad, and every
+        # later write refuse it), and a cache made under inference mode may be written from outside it.
+        with torch.inference_mode():
+            slots = problem.slot_mapping.to(torch.int64)
+            keep = slots >= 0
+            slots = slots[keep]
+            block_ids = slots // problem.block_size
+            offsets = slots % problem.block_size
+            problem.key_cache[block_ids, offsets] = problem.key[keep]
+            problem.value_cache[block_ids, offsets] = problem.value[keep]
+
+    def launch_copy_blocks(self, problem: CopyBlocksProblem) -> None:
+        src, dst = problem.pairs[:, 0], problem.pairs[:, 1]
+        with torch.inference_mode():  # as in write_kv: values only, any cache
+            for cache in (*problem.key_caches, *problem.value_caches):
+                # Indexing with a tensor gathers into a new tensor first, so all copies read the old
+                # contents.
+                cache[dst] = cache[src]
+
+    def launch_paged_attention(self, problem: AttentionProblem, out: torch.Tensor) -> None:
+        starts = problem.query_start_loc.tolist()
+        lens = problem.seq_lens.tolist()
+        for r in range(problem.num_reqs):
+            begin, end = starts[r], starts[r + 1]
+            if end == begin:
+                continue
+            # Only the keys the request's queries can see are read: its entries before them may be absent.
+            first = problem.window.first_key(lens[r] - (end - begin))
+            keys = _gather(problem.key_cache, problem.block_table[r], lens[r], first)
+            values = _gather(problem.value_cache, problem.block_table[r], lens[r], first)
+            query = problem.query[begin:end]
+            out[begin:end] = _dense(query, keys, values, problem.scale, problem.window, first)
 
 
-@_docs.contract(_NOTE, _docs.WRITE_KV)
-def write_kv(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    *,
-    check_values: bool = True,
-) -> None:
-    problem = check_write_kv(key, value, key_cache, value_cache, slot_mapping, check_values)
-    if problem.num_tokens == 0:
-        return
-    # Values only, as the Triton kernel writes them: under inference mode no autograd history reaches
-    # the cache (a key that requires grad would otherwise make the cache require grad, and every later
-    # write refuse it), and a cache made under inference mode may be written from outside it.
-    with torch.inference_mode():
-        slots = slot_mapping.to(torch.int64)
-        keep = slots >= 0
-        slots = slots[keep]
-        block_ids = slots // problem.block_size
-        offsets = slots % problem.block_size
-        key_cache[block_ids, offsets] = key[keep]
-        value_cache[block_ids, offsets] = value[keep]
-
-
-@_docs.contract(_NOTE, _docs.COPY_BLOCKS)
-def copy_blocks(
-    key_caches: Sequence[torch.Tensor],
-    value_caches: Sequence[torch.Tensor],
-    pairs: torch.Tensor | Sequence[tuple[int, int]],
-    *,
-    check_values: bool = True,
-) -> None:
-    problem = check_copy_blocks(key_caches, value_caches, pairs, check_values)
-    if problem.num_pairs == 0:
-        return
-    src, dst = problem.pairs[:, 0], problem.pairs[:, 1]
-    with torch.inference_mode():  # as in write_kv: values only, any cache
-        for cache in (*problem.key_caches, *problem.value_caches):
-            # Indexing with a tensor gathers into a new tensor first, so all copies read the old contents.
-            cache[dst] = cache[src]
+_BACKEND = ReferenceBackend()
+write_kv = _BACKEND.write_kv
+copy_blocks = _BACKEND.copy_blocks
+paged_attention = _BACKEND.paged_attention
 
 
 def gather_kv(
@@ -163,58 +162,3 @@ def _dense(
     scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v).transpose(0, 1).to(query.dtype)
-
-
-@_docs.contract(_NOTE, _docs.PAGED_ATTENTION)
-def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    sliding_window: int | None = None,
-    attention_chunk_size: int | None = None,
-    max_query_len: int | None = None,
-    num_splits: int | None = None,
-    check_values: bool = True,
-) -> torch.Tensor:
-    problem = check_paged_attention(
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        scale,
-        max_query_len,
-        num_splits,
-        check_values,
-        sliding_window,
-        attention_chunk_size,
-    )
-    with torch.no_grad():  # the output never requires grad, as the Triton kernel's never does
-        return _paged_attention(query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-                                float(scale), problem)
-
-
-def _paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                     scale: float, problem: AttentionProblem) -> torch.Tensor:
-    out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    if problem.num_tokens == 0:
-        return out
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    for r in range(problem.num_reqs):
-        begin, end = starts[r], starts[r + 1]
-        if end == begin:
-            continue
-        # Only the keys the request's queries can see are read: its entries before them may be absent.
-        first = problem.window.first_key(lens[r] - (end - begin))
-        keys = _gather(key_cache, block_table[r], lens[r], first)
-        values = _gather(value_cache, block_table[r], lens[r], first)
-        out[begin:end] = _dense(query[begin:end], keys, values, float(scale), problem.window, first)
-    return out

@@ -20,16 +20,20 @@ float32 inputs in full ``ieee`` precision.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import Literal
 
 import torch
 import triton
 
-from . import _docs
 from . import _triton_jit as jit
+from ._entry import KernelBackend
 from ._env import INTERPRET_ENV_VAR, interpreter_requested
-from ._validation import check_copy_blocks, check_paged_attention, check_window, check_write_kv
+from ._validation import (
+    AttentionProblem,
+    CopyBlocksProblem,
+    WriteKVProblem,
+    check_window,
+)
 from .errors import BackendUnavailableError
 from .plan import AttentionPlan, plan_copy_blocks, plan_paged_attention, plan_write_kv
 
@@ -91,70 +95,6 @@ def _sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-_NOTE = "Triton implementation (compiled on CUDA, or Triton's interpreter with TRITON_INTERPRET=1)."
-
-
-@_docs.contract(_NOTE, _docs.WRITE_KV)
-def write_kv(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    *,
-    check_values: bool = True,
-) -> None:
-    problem = check_write_kv(key, value, key_cache, value_cache, slot_mapping, check_values)
-    ensure_runnable(key.device)
-    if problem.num_tokens == 0:
-        return
-    plan = plan_write_kv(problem.num_tokens, problem.num_kv_heads, problem.head_dim)
-    jit.write_kv_kernel[plan.grid](
-        key,
-        value,
-        key_cache,
-        value_cache,
-        slot_mapping,
-        *key.stride(),
-        *value.stride(),
-        *key_cache.stride()[:3],
-        problem.block_size,
-        problem.num_kv_heads,
-        problem.head_dim,
-        HEADS_PAD=plan.heads_pad,
-        HEAD_PAD=plan.head_pad,
-        num_warps=1 if plan.heads_pad * plan.head_pad <= 512 else 4,
-    )
-
-
-@_docs.contract(_NOTE, _docs.COPY_BLOCKS)
-def copy_blocks(
-    key_caches: Sequence[torch.Tensor],
-    value_caches: Sequence[torch.Tensor],
-    pairs: torch.Tensor | Sequence[tuple[int, int]],
-    *,
-    check_values: bool = True,
-) -> None:
-    problem = check_copy_blocks(key_caches, value_caches, pairs, check_values)
-    if problem.num_layers == 0:
-        return
-    device = problem.key_caches[0].device
-    ensure_runnable(device, needs_device_addresses=True)
-    if problem.num_pairs == 0:
-        return
-    caches = (*problem.key_caches, *problem.value_caches)
-    addresses = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=device)
-    plan = plan_copy_blocks(problem.num_pairs, problem.num_layers, problem.block_numel)
-    jit.copy_blocks_kernel[plan.grid](
-        addresses,
-        problem.key_caches[0],
-        problem.pairs,
-        problem.block_numel,
-        CHUNK=plan.chunk,
-        num_warps=4,
-    )
-
-
 def attention_plan_for(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -195,111 +135,122 @@ def attention_plan_for(
     )
 
 
-@_docs.contract(_NOTE, _docs.PAGED_ATTENTION)
-def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    sliding_window: int | None = None,
-    attention_chunk_size: int | None = None,
-    max_query_len: int | None = None,
-    num_splits: int | None = None,
-    check_values: bool = True,
-) -> torch.Tensor:
-    problem = check_paged_attention(
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        scale,
-        max_query_len,
-        num_splits,
-        check_values,
-        sliding_window,
-        attention_chunk_size,
-    )
-    ensure_runnable(query.device)
-    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    if problem.num_tokens == 0:
-        return out
-    window = problem.window
-    plan = attention_plan_for(
-        query,
-        key_cache,
-        block_table,
-        problem.max_query_len,
-        num_splits,
-        sliding_window=window.size if window.kind == "sliding" else None,
-        attention_chunk_size=window.size if window.kind == "chunked" else None,
-    )
-    split = plan.num_splits > 1
-    if split:
-        part_shape = (problem.num_tokens, problem.num_q_heads, plan.num_splits)
-        part_out = torch.empty((*part_shape, plan.head_pad), dtype=torch.float32, device=query.device)
-        part_max = torch.empty(part_shape, dtype=torch.float32, device=query.device)
-        part_sum = torch.empty(part_shape, dtype=torch.float32, device=query.device)
-    else:  # not read by the kernel; any tensor will do
-        part_out = part_max = part_sum = out
-    upcast = INTERPRETED
-    dot_precision = "ieee" if upcast or query.dtype == torch.float32 else "tf32"
-    jit.paged_attention_kernel[plan.grid](
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        out,
-        part_out,
-        part_max,
-        part_sum,
-        float(scale) * _LOG2_E,
-        *query.stride(),
-        *key_cache.stride()[:3],
-        block_table.stride(0),
-        out.stride(0),
-        out.stride(1),
-        problem.num_q_heads,
-        problem.head_dim,
-        problem.block_size,
-        plan.q_tiles,
-        plan.tiles_per_split,
-        plan.num_splits,
-        window.size,
-        WINDOW_KIND=_WINDOW_KINDS[window.kind],
-        GROUP=plan.group,
-        GROUP_PAD=plan.group_pad,
-        BLOCK_Q=plan.block_q,
-        BLOCK_M=plan.block_m,
-        BLOCK_N=plan.block_n,
-        HEAD_PAD=plan.head_pad,
-        SPLIT=split,
-        UPCAST=upcast,
-        DOT_PRECISION=dot_precision,
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
-    )
-    if plan.combine_grid is not None:
-        jit.combine_splits_kernel[plan.combine_grid](
+class TritonBackend(KernelBackend):
+    """The Triton launches, on the plans of :mod:`.plan`."""
+
+    def prepare(self, device: torch.device, *, needs_device_addresses: bool = False) -> None:
+        ensure_runnable(device, needs_device_addresses=needs_device_addresses)
+
+    def launch_write_kv(self, problem: WriteKVProblem) -> None:
+        plan = plan_write_kv(problem.num_tokens, problem.num_kv_heads, problem.head_dim)
+        jit.write_kv_kernel[plan.grid](
+            problem.key,
+            problem.value,
+            problem.key_cache,
+            problem.value_cache,
+            problem.slot_mapping,
+            *problem.key.stride(),
+            *problem.value.stride(),
+            *problem.key_cache.stride()[:3],
+            problem.block_size,
+            problem.num_kv_heads,
+            problem.head_dim,
+            HEADS_PAD=plan.heads_pad,
+            HEAD_PAD=plan.head_pad,
+            num_warps=1 if plan.heads_pad * plan.head_pad <= 512 else 4,
+        )
+
+    def launch_copy_blocks(self, problem: CopyBlocksProblem) -> None:
+        caches = (*problem.key_caches, *problem.value_caches)
+        device = caches[0].device
+        addresses = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=device)
+        plan = plan_copy_blocks(problem.num_pairs, problem.num_layers, problem.block_numel)
+        jit.copy_blocks_kernel[plan.grid](
+            addresses,
+            problem.key_caches[0],
+            problem.pairs,
+            problem.block_numel,
+            CHUNK=plan.chunk,
+            num_warps=4,
+        )
+
+    def launch_paged_attention(self, problem: AttentionProblem, out: torch.Tensor) -> None:
+        query, key_cache, window = problem.query, problem.key_cache, problem.window
+        plan = attention_plan_for(
+            query,
+            key_cache,
+            problem.block_table,
+            problem.max_query_len,
+            problem.num_splits,
+            sliding_window=window.size if window.kind == "sliding" else None,
+            attention_chunk_size=window.size if window.kind == "chunked" else None,
+        )
+        split = plan.num_splits > 1
+        if split:
+            part_shape = (problem.num_tokens, problem.num_q_heads, plan.num_splits)
+            part_out = torch.empty((*part_shape, plan.head_pad), dtype=torch.float32, device=query.device)
+            part_max = torch.empty(part_shape, dtype=torch.float32, device=query.device)
+            part_sum = torch.empty(part_shape, dtype=torch.float32, device=query.device)
+        else:  # not read by the kernel; any tensor will do
+            part_out = part_max = part_sum = out
+        upcast = INTERPRETED
+        dot_precision = "ieee" if upcast or query.dtype == torch.float32 else "tf32"
+        jit.paged_attention_kernel[plan.grid](
+            query,
+            key_cache,
+            problem.value_cache,
+            problem.block_table,
+            problem.seq_lens,
+            problem.query_start_loc,
+            out,
             part_out,
             part_max,
             part_sum,
-            out,
+            problem.scale * _LOG2_E,
+            *query.stride(),
+            *key_cache.stride()[:3],
+            problem.block_table.stride(0),
             out.stride(0),
             out.stride(1),
             problem.num_q_heads,
             problem.head_dim,
+            problem.block_size,
+            plan.q_tiles,
+            plan.tiles_per_split,
             plan.num_splits,
+            window.size,
+            WINDOW_KIND=_WINDOW_KINDS[window.kind],
             GROUP=plan.group,
             GROUP_PAD=plan.group_pad,
+            BLOCK_Q=plan.block_q,
+            BLOCK_M=plan.block_m,
+            BLOCK_N=plan.block_n,
             HEAD_PAD=plan.head_pad,
-            num_warps=4,
+            SPLIT=split,
+            UPCAST=upcast,
+            DOT_PRECISION=dot_precision,
+            num_warps=plan.num_warps,
+            num_stages=plan.num_stages,
         )
-    return out
+        if plan.combine_grid is not None:
+            jit.combine_splits_kernel[plan.combine_grid](
+                part_out,
+                part_max,
+                part_sum,
+                out,
+                out.stride(0),
+                out.stride(1),
+                problem.num_q_heads,
+                problem.head_dim,
+                plan.num_splits,
+                GROUP=plan.group,
+                GROUP_PAD=plan.group_pad,
+                HEAD_PAD=plan.head_pad,
+                num_warps=4,
+            )
+
+
+_BACKEND = TritonBackend()
+write_kv = _BACKEND.write_kv
+copy_blocks = _BACKEND.copy_blocks
+paged_attention = _BACKEND.paged_attention
