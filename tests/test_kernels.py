@@ -21,15 +21,19 @@ import pagedprefix.kernels as kernels
 import pytest
 import torch
 import triton_interpreter
-from pagedprefix.kernels import _docs, dispatch, reference
-from pagedprefix.kernels.errors import (
-    BackendUnavailableError,
-    KernelDeviceError,
-    KernelDTypeError,
-    KernelError,
-    KernelShapeError,
-    KernelValueError,
+from kernel_cases import (
+    ATTENTION_ERRORS,
+    COPY_BLOCKS_ERRORS,
+    WINDOW_ERRORS,
+    WRITE_KV_ERRORS,
+    attention_args,
+    bad_inputs,
+    copy_args,
+    small_batch,
+    write_args,
 )
+from pagedprefix.kernels import _docs, dispatch, errors, reference
+from pagedprefix.kernels.errors import BackendUnavailableError, KernelDTypeError, KernelValueError
 from pagedprefix.kernels.plan import (
     cdiv,
     next_power_of_2,
@@ -37,7 +41,7 @@ from pagedprefix.kernels.plan import (
     plan_paged_attention,
     plan_write_kv,
 )
-from pagedprefix.kernels.workloads import PagedBatch, build_paged_batch, make_layout
+from pagedprefix.kernels.workloads import build_paged_batch, make_layout
 from triton_interpreter import interpreter_env  # noqa: F401  (autouse fixture)
 
 _ENV = triton_interpreter.ENV
@@ -91,7 +95,7 @@ def test_resolve_backend_rejects_unknown_names() -> None:
     with pytest.raises(KernelDTypeError, match="backend must be one of"):
         dispatch.resolve_backend("cuda", "cpu")
     with pytest.raises(TypeError):
-        dispatch.write_kv(*_write_args(), backend="torch")  # type: ignore[arg-type]
+        dispatch.write_kv(*write_args(), backend="torch")  # type: ignore[arg-type]
 
 
 def _record_calls(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, calls: list[str]) -> None:
@@ -112,7 +116,7 @@ def test_auto_takes_the_path_select_backend_names(monkeypatch: pytest.MonkeyPatc
     calls: list[str] = []
     _record_calls(monkeypatch, tk, "paged_attention", calls)
     _record_calls(monkeypatch, reference, "paged_attention", calls)
-    batch = _small_batch()
+    batch = small_batch()
     out = kernels.paged_attention(*batch.attention_args())
     expected = "triton_kernels" if interpret else "reference"
     assert kernels.select_backend("cpu") == ("triton" if interpret else "reference")
@@ -123,13 +127,13 @@ def test_auto_takes_the_path_select_backend_names(monkeypatch: pytest.MonkeyPatc
 @needs_triton
 def test_triton_on_cpu_without_interpreter_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(_ENV, raising=False)
-    batch = _small_batch()
+    batch = small_batch()
     with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET=1"):
         kernels.paged_attention(*batch.attention_args(), backend="triton")
     with pytest.raises(BackendUnavailableError):
-        kernels.write_kv(*_write_args(), backend="triton")
+        kernels.write_kv(*write_args(), backend="triton")
     with pytest.raises(BackendUnavailableError):
-        kernels.copy_blocks(*_copy_args(), backend="triton")
+        kernels.copy_blocks(*copy_args(), backend="triton")
     # The reference is always available.
     kernels.paged_attention(*batch.attention_args(), backend="reference")
 
@@ -139,7 +143,7 @@ def test_kernels_defined_in_another_mode_raise(monkeypatch: pytest.MonkeyPatch) 
     assert tk is not None
     monkeypatch.setattr(tk, "INTERPRETED", False)  # as if defined without the variable
     with pytest.raises(BackendUnavailableError, match="defined in compiled mode"):
-        kernels.write_kv(*_write_args(), backend="triton")
+        kernels.write_kv(*write_args(), backend="triton")
     with pytest.raises(BackendUnavailableError, match="defined in compiled mode"):
         tk.ensure_runnable(torch.device("cuda"))
 
@@ -176,90 +180,12 @@ def test_importing_the_package_does_not_import_triton() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _write_args(**overrides: Any) -> tuple[Any, ...]:
-    args: dict[str, Any] = {
-        "key": torch.randn(3, 2, 8),
-        "value": torch.randn(3, 2, 8),
-        "key_cache": torch.zeros(4, 4, 2, 8),
-        "value_cache": torch.zeros(4, 4, 2, 8),
-        "slot_mapping": torch.tensor([0, -1, 15]),
-    }
-    args.update(overrides)
-    return tuple(args.values())
-
-
-def _copy_args(**overrides: Any) -> tuple[Any, ...]:
-    args: dict[str, Any] = {
-        "key_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)],
-        "value_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8)],
-        "pairs": [(0, 1), (2, 3)],
-    }
-    args.update(overrides)
-    return tuple(args.values())
-
-
-def _attention_args(**overrides: Any) -> tuple[Any, ...]:
-    args: dict[str, Any] = {
-        "query": torch.randn(3, 4, 8),
-        "key_cache": torch.randn(6, 4, 2, 8),
-        "value_cache": torch.randn(6, 4, 2, 8),
-        "block_table": torch.tensor([[0, 1, -1], [2, 3, 4]], dtype=torch.int32),
-        "seq_lens": torch.tensor([5, 9], dtype=torch.int32),
-        "query_start_loc": torch.tensor([0, 1, 3], dtype=torch.int32),
-        "scale": 0.5,
-    }
-    args.update(overrides)
-    return tuple(args.values())
-
-
-def _small_batch() -> PagedBatch:
-    return build_paged_batch(
-        [9, 20], [1, 4], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32
-    )
-
-
-WRITE_KV_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
-    ("key not a tensor", {"key": [[1.0]]}, KernelDTypeError, "key must be a torch.Tensor"),
-    ("key 2-d", {"key": torch.randn(3, 16)}, KernelShapeError, "key must have 3 dimensions"),
-    ("value shape", {"value": torch.randn(3, 2, 4)}, KernelShapeError, "value must have the shape of key"),
-    (
-        "heads mismatch",
-        {"key": torch.randn(3, 1, 8), "value": torch.randn(3, 1, 8)},
-        KernelShapeError,
-        "num_kv_heads",
-    ),
-    ("cache 3-d", {"key_cache": torch.zeros(16, 2, 8)}, KernelShapeError, "key_cache must have 4 dimensions"),
-    ("caches differ", {"value_cache": torch.zeros(5, 4, 2, 8)}, KernelShapeError, "same shape"),
-    ("slot count", {"slot_mapping": torch.tensor([0, 1])}, KernelShapeError, "slot_mapping has 2 entries"),
-    ("slot dtype", {"slot_mapping": torch.tensor([0.0, 1.0, 2.0])}, KernelDTypeError, "int32 or int64"),
-    ("dtype mismatch", {"key": torch.randn(3, 2, 8).half()}, KernelDTypeError, "dtype"),
-    (
-        "int dtype",
-        {"key": torch.zeros(3, 2, 8, dtype=torch.int32), "value": torch.zeros(3, 2, 8, dtype=torch.int32)},
-        KernelDTypeError,
-        "float32, float16 or bfloat16",
-    ),
-    ("slot too big", {"slot_mapping": torch.tensor([0, 16, 1])}, KernelValueError, r"slot_mapping\[1\] = 16"),
-    ("slot below -1", {"slot_mapping": torch.tensor([0, -2, 1])}, KernelValueError, "out of range"),
-    ("duplicate slot", {"slot_mapping": torch.tensor([3, -1, 3])}, KernelValueError, "same slot twice"),
-    (
-        "cache not contiguous",
-        {"key_cache": torch.zeros(4, 2, 4, 8).transpose(1, 2)},
-        KernelShapeError,
-        "contiguous",
-    ),
-    ("device mismatch", {"slot_mapping": torch.tensor([0, 1, 2], device="meta")}, KernelDeviceError, "meta"),
-]
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    ("overrides", "error", "message"), [c[1:] for c in WRITE_KV_ERRORS], ids=[c[0] for c in WRITE_KV_ERRORS]
-)
+@bad_inputs(WRITE_KV_ERRORS)
 def test_write_kv_rejects_bad_inputs(
-    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[errors.KernelError], message: str
 ) -> None:
-    args = _write_args(**overrides)
+    args = write_args(**overrides)
     before = [a.clone() for a in args[2:4] if isinstance(a, torch.Tensor)]
     with pytest.raises(error, match=message):
         kernels.write_kv(*args, backend=backend)
@@ -267,129 +193,27 @@ def test_write_kv_rejects_bad_inputs(
     assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))  # nothing launched
 
 
-COPY_BLOCKS_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
-    ("bare tensor", {"key_caches": torch.zeros(4, 4, 2, 8)}, KernelDTypeError, "list"),
-    ("layer count", {"value_caches": [torch.zeros(4, 4, 2, 8)]}, KernelShapeError, "2 layers but"),
-    (
-        "layer shapes",
-        {"key_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(5, 4, 2, 8)]},
-        KernelShapeError,
-        "same shape",
-    ),
-    ("pairs shape", {"pairs": torch.tensor([[0, 1, 2]])}, KernelShapeError, r"\[num_pairs, 2\]"),
-    ("pairs float", {"pairs": torch.tensor([[0.0, 1.0]])}, KernelDTypeError, "int32 or int64"),
-    ("pair bool", {"pairs": [(True, 1)]}, KernelDTypeError, "two ints"),
-    ("pair length", {"pairs": [(0, 1, 2)]}, KernelShapeError, r"\(src, dst\) pair"),
-    ("pairs not a sequence", {"pairs": 3}, KernelDTypeError, "sequence of"),
-    ("block out of range", {"pairs": [(0, 4)]}, KernelValueError, "outside"),
-    ("negative block", {"pairs": torch.tensor([[-1, 2]])}, KernelValueError, "outside"),
-    ("duplicate destination", {"pairs": [(0, 2), (1, 2)]}, KernelValueError, "same destination"),
-    ("chained copy", {"pairs": [(0, 1), (1, 2)]}, KernelValueError, "both a source and a destination"),
-    (
-        "dtype mismatch",
-        {"value_caches": [torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8).half()]},
-        KernelDTypeError,
-        "dtype",
-    ),
-]
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    ("overrides", "error", "message"),
-    [c[1:] for c in COPY_BLOCKS_ERRORS],
-    ids=[c[0] for c in COPY_BLOCKS_ERRORS],
-)
+@bad_inputs(COPY_BLOCKS_ERRORS)
 def test_copy_blocks_rejects_bad_inputs(
-    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[errors.KernelError], message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        kernels.copy_blocks(*_copy_args(**overrides), backend=backend)
-
-
-ATTENTION_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
-    ("query not a tensor", {"query": 1.0}, KernelDTypeError, "query must be a torch.Tensor"),
-    ("query 2-d", {"query": torch.randn(3, 32)}, KernelShapeError, "query must have 3 dimensions"),
-    ("gqa", {"query": torch.randn(3, 3, 8)}, KernelShapeError, "multiple of num_kv_heads"),
-    ("head_dim", {"query": torch.randn(3, 4, 16)}, KernelShapeError, "head_dim"),
-    ("dtype mismatch", {"query": torch.randn(3, 4, 8).bfloat16()}, KernelDTypeError, "dtype"),
-    ("table dtype", {"block_table": torch.zeros(2, 3)}, KernelDTypeError, "block_table must be an int32"),
-    (
-        "table 1-d",
-        {"block_table": torch.zeros(6, dtype=torch.int32)},
-        KernelShapeError,
-        "block_table must have 2",
-    ),
-    (
-        "seq_lens count",
-        {"seq_lens": torch.tensor([5], dtype=torch.int32)},
-        KernelShapeError,
-        "seq_lens has 1",
-    ),
-    (
-        "query_start_loc count",
-        {"query_start_loc": torch.tensor([0, 3], dtype=torch.int32)},
-        KernelShapeError,
-        "num_reqs \\+ 1",
-    ),
-    ("scale type", {"scale": "0.5"}, KernelDTypeError, "scale must be a float"),
-    ("scale bool", {"scale": True}, KernelDTypeError, "scale must be a float"),
-    ("scale nan", {"scale": float("nan")}, KernelValueError, "finite"),
-    (
-        "query_start_loc end",
-        {"query_start_loc": torch.tensor([0, 1, 2], dtype=torch.int32)},
-        KernelValueError,
-        "end at total_query_tokens",
-    ),
-    (
-        "query_start_loc decreasing",
-        {"query_start_loc": torch.tensor([0, 4, 3], dtype=torch.int32)},
-        KernelValueError,
-        "non-decreasing",
-    ),
-    (
-        "seq_len below q_len",
-        {"seq_lens": torch.tensor([5, 1], dtype=torch.int32)},
-        KernelValueError,
-        "smaller than",
-    ),
-    ("seq_len too long", {"seq_lens": torch.tensor([13, 9], dtype=torch.int32)}, KernelValueError, "exceeds"),
-    (
-        "block id out of range",
-        {"block_table": torch.tensor([[0, 6, -1], [2, 3, 4]], dtype=torch.int32)},
-        KernelValueError,
-        r"block_table\[0, 1\] = 6",
-    ),
-    (
-        "unused entry read",
-        {"block_table": torch.tensor([[0, -1, -1], [2, 3, 4]], dtype=torch.int32)},
-        KernelValueError,
-        r"block_table\[0, 1\] = -1",
-    ),
-    (
-        "cache not contiguous",
-        {"key_cache": torch.randn(6, 2, 4, 8).transpose(1, 2)},
-        KernelShapeError,
-        "contiguous",
-    ),
-    ("device mismatch", {"seq_lens": torch.tensor([5, 9], device="meta")}, KernelDeviceError, "meta"),
-]
+        kernels.copy_blocks(*copy_args(**overrides), backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    ("overrides", "error", "message"), [c[1:] for c in ATTENTION_ERRORS], ids=[c[0] for c in ATTENTION_ERRORS]
-)
+@bad_inputs(ATTENTION_ERRORS)
 def test_paged_attention_rejects_bad_inputs(
-    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[errors.KernelError], message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        kernels.paged_attention(*_attention_args(**overrides), backend=backend)
+        kernels.paged_attention(*attention_args(**overrides), backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_paged_attention_rejects_bad_keywords(backend: dispatch.Backend) -> None:
-    args = _attention_args()
+    args = attention_args()
     with pytest.raises(KernelValueError, match="num_splits must be >= 1"):
         kernels.paged_attention(*args, num_splits=0, backend=backend)
     with pytest.raises(KernelDTypeError, match="num_splits must be an int"):
@@ -399,25 +223,21 @@ def test_paged_attention_rejects_bad_keywords(backend: dispatch.Backend) -> None
 
 
 def test_errors_are_builtin_subclasses() -> None:
-    assert issubclass(KernelShapeError, ValueError)
-    assert issubclass(KernelValueError, ValueError)
-    assert issubclass(KernelDeviceError, ValueError)
-    assert issubclass(KernelDTypeError, TypeError)
-    assert issubclass(BackendUnavailableError, RuntimeError)
-    for cls in (
-        KernelShapeError,
-        KernelValueError,
-        KernelDeviceError,
-        KernelDTypeError,
-        BackendUnavailableError,
-    ):
-        assert issubclass(cls, KernelError)
+    builtin = {
+        errors.KernelShapeError: ValueError,
+        errors.KernelValueError: ValueError,
+        errors.KernelDeviceError: ValueError,
+        errors.KernelDTypeError: TypeError,
+        errors.BackendUnavailableError: RuntimeError,
+    }
+    for cls, base in builtin.items():
+        assert issubclass(cls, base) and issubclass(cls, errors.KernelError)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unused_block_table_entries_are_not_checked_or_read(backend: dispatch.Backend) -> None:
     # Request 0 holds 5 tokens in 2 blocks of 4: its third entry may be anything.
-    args = _attention_args()
+    args = attention_args()
     table = torch.tensor([[0, 1, 99], [2, 3, 4]], dtype=torch.int32)
     out = kernels.paged_attention(*args[:3], table, *args[4:], backend=backend)
     expected = reference.paged_attention(*args)
@@ -428,36 +248,15 @@ def test_unused_block_table_entries_are_not_checked_or_read(backend: dispatch.Ba
 # Sliding windows and chunked local attention: arguments and absent entries
 # --------------------------------------------------------------------------------------------------
 
-WINDOW_ERRORS: list[tuple[str, dict[str, Any], type[KernelError], str]] = [
-    ("window 0", {"sliding_window": 0}, KernelValueError, "sliding_window must be >= 1, got 0"),
-    ("window negative", {"sliding_window": -4}, KernelValueError, "sliding_window must be >= 1"),
-    ("chunk 0", {"attention_chunk_size": 0}, KernelValueError, "attention_chunk_size must be >= 1"),
-    ("window str", {"sliding_window": "8"}, KernelDTypeError, "sliding_window must be an int, got str"),
-    ("window bool", {"sliding_window": True}, KernelDTypeError, "sliding_window must be an int, got bool"),
-    ("window float", {"sliding_window": 8.0}, KernelDTypeError, "sliding_window must be an int"),
-    ("chunk tensor", {"attention_chunk_size": torch.tensor(8)}, KernelDTypeError, "attention_chunk_size"),
-    ("both", {"sliding_window": 4, "attention_chunk_size": 4}, KernelValueError, "at most one of"),
-    # Request 1 (positions 7 and 8 queried, window 3) reads block_table[1, 1]: it may not be absent.
-    (
-        "absent entry inside the window",
-        {"sliding_window": 3, "block_table": torch.tensor([[0, 1, -1], [-1, -1, 4]], dtype=torch.int32)},
-        KernelValueError,
-        r"block_table\[1, 1\] = -1 .* request 1 reads that block \(its sliding window reaches back to "
-        "position 5\\)",
-    ),
-]
-
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    ("overrides", "error", "message"), [c[1:] for c in WINDOW_ERRORS], ids=[c[0] for c in WINDOW_ERRORS]
-)
+@bad_inputs(WINDOW_ERRORS)
 def test_paged_attention_rejects_bad_windows(
-    backend: dispatch.Backend, overrides: dict[str, Any], error: type[KernelError], message: str
+    backend: dispatch.Backend, overrides: dict[str, Any], error: type[errors.KernelError], message: str
 ) -> None:
     keywords = dict(overrides)
     table = keywords.pop("block_table", None)
-    args = _attention_args() if table is None else _attention_args(block_table=table)
+    args = attention_args() if table is None else attention_args(block_table=table)
     with pytest.raises(error, match=message):
         kernels.paged_attention(*args, **keywords, backend=backend)
 
@@ -479,7 +278,7 @@ ABSENT_BEFORE_THE_WINDOW = [
 def test_entries_before_the_window_may_be_absent(
     backend: dispatch.Backend, window: dict[str, int], rows: list[list[int]]
 ) -> None:
-    args = _attention_args()
+    args = attention_args()
     absent = torch.tensor(rows, dtype=torch.int32)
     assert kernels.NO_BLOCK == -1 and int((absent == kernels.NO_BLOCK).sum()) > 1
     out = kernels.paged_attention(*args[:3], absent, *args[4:], **window, backend=backend)
@@ -491,7 +290,7 @@ def test_entries_before_the_window_may_be_absent(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_window_that_reaches_position_0_is_full_attention_bit_for_bit(backend: dispatch.Backend) -> None:
-    batch = _small_batch()
+    batch = small_batch()
     full = kernels.paged_attention(*batch.attention_args(), backend=backend)
     for window in ({"sliding_window": 20}, {"sliding_window": 2**80}, {"attention_chunk_size": 20},
                    {"attention_chunk_size": 2**40}, {"sliding_window": None, "attention_chunk_size": None}):
@@ -627,28 +426,14 @@ def test_small_helpers() -> None:
 
 
 def test_attention_plan_decode_and_prefill_tiles() -> None:
-    decode = plan_paged_attention(
-        num_tokens=64,
-        num_reqs=64,
-        max_query_len=1,
-        max_kv_len=8192,
-        num_q_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-    )
+    geometry = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+    decode = plan_paged_attention(num_tokens=64, num_reqs=64, max_query_len=1, max_kv_len=8192, **geometry)
     assert (decode.group, decode.block_q, decode.block_m, decode.head_pad) == (4, 4, 16, 128)
     assert decode.grid == (64, 8, 1) and decode.combine_grid is None
     assert decode.program_iterations() == 64 * 8 * cdiv(8192, decode.block_n)
 
-    prefill = plan_paged_attention(
-        num_tokens=300,
-        num_reqs=2,
-        max_query_len=200,
-        max_kv_len=512,
-        num_q_heads=6,
-        num_kv_heads=2,
-        head_dim=24,
-    )
+    geometry = {"num_q_heads": 6, "num_kv_heads": 2, "head_dim": 24}
+    prefill = plan_paged_attention(num_tokens=300, num_reqs=2, max_query_len=200, max_kv_len=512, **geometry)
     assert (prefill.group, prefill.group_pad, prefill.block_m, prefill.head_pad) == (3, 4, 64, 32)
     assert prefill.q_tiles == cdiv(200, prefill.block_q)
     assert prefill.grid == (2 * prefill.q_tiles, 2, 1)
