@@ -24,28 +24,16 @@ Errors are the typed classes of :mod:`.errors`, subclasses of ``ValueError``/``T
 
 from __future__ import annotations
 
+from . import errors
 from ._env import interpreter_requested
 from ._validation import NO_BLOCK
 from .dispatch import Backend, ResolvedBackend, copy_blocks, paged_attention, select_backend, write_kv
-from .errors import (
-    BackendUnavailableError,
-    KernelDeviceError,
-    KernelDTypeError,
-    KernelError,
-    KernelShapeError,
-    KernelValueError,
-)
+from .errors import *  # noqa: F403  (the typed errors, every name of errors.__all__)
 from .reference import dense_causal_attention, gather_kv
 
 __all__ = [
     "NO_BLOCK",
     "Backend",
-    "BackendUnavailableError",
-    "KernelDTypeError",
-    "KernelDeviceError",
-    "KernelError",
-    "KernelShapeError",
-    "KernelValueError",
     "ResolvedBackend",
     "copy_blocks",
     "dense_causal_attention",
@@ -55,3 +43,4 @@ __all__ = [
     "select_backend",
     "write_kv",
 ]
+__all__ += errors.__all__

@@ -14,7 +14,6 @@ __all__ = [
     "KernelError",
     "KernelShapeError",
     "KernelValueError",
-    "show",
 ]
 
 
