@@ -26,59 +26,27 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pytest
 import torch
-import triton_interpreter
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from kernel_support import E2E_BACKENDS as BACKENDS
+from kernel_support import (
+    e2e_env,  # noqa: F401  (autouse fixture)
+    triton_only,
+)
 from pagedprefix.impl import BlockManager, BlockTables, KVCache
 from pagedprefix.kernels import dense_causal_attention, gather_kv, paged_attention
 from pagedprefix.kernels.dispatch import ResolvedBackend
+from pagedprefix.kernels.plan import cdiv
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, OutOfBlocks
-
-_ENV = triton_interpreter.ENV
-tk, _SKIP_REASON = triton_interpreter.load()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_env() -> Iterator[None]:
-    """``TRITON_INTERPRET=1`` while this module's tests run (the reference tests name their backend,
-    so it does not change what they run), and torch on one thread: the tensors here are tiny, and on
-    a busy machine each op of a multi-threaded torch can wait milliseconds for its worker threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(_ENV, "1")
-            yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-# The two ways to run every test: the torch reference in the normal session, the Triton kernels in
-# the interpreter in the ``kernels`` session.
-BACKENDS = [
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "triton",
-        id="triton",
-        marks=[
-            pytest.mark.kernels,
-            pytest.mark.skipif(tk is None, reason=_SKIP_REASON),
-        ],
-    ),
-]
 
 MAX_LIVE = 4  # live requests at once (block-table rows)
 HEAD_DIM = 16
 VOCAB = 100
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -535,8 +503,7 @@ def test_generated_workloads_reference(data: st.DataObject) -> None:
     run_generated_workload(data, "reference", [torch.float32, torch.float16], max_layers=2, max_operations=20)
 
 
-@pytest.mark.kernels
-@pytest.mark.skipif(tk is None, reason=_SKIP_REASON)
+@triton_only
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
 def test_generated_workloads_triton(data: st.DataObject) -> None:

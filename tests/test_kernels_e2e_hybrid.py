@@ -37,52 +37,29 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pytest
 import torch
-import triton_interpreter
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from kernel_support import E2E_BACKENDS as BACKENDS
+from kernel_support import (
+    Window,
+    dense_attention,
+    e2e_env,  # noqa: F401  (autouse fixture)
+    triton_only,
+)
 from pagedprefix.kernels import NO_BLOCK, KernelValueError, copy_blocks, gather_kv, paged_attention, write_kv
 from pagedprefix.kernels.dispatch import ResolvedBackend
+from pagedprefix.kernels.plan import cdiv
 from test_kernels_e2e import Geometry, PrefixModel
-
-_ENV = triton_interpreter.ENV
-tk, _SKIP_REASON = triton_interpreter.load()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_env() -> Iterator[None]:
-    """``TRITON_INTERPRET=1`` while this module's tests run, and torch on one thread (tiny tensors)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(_ENV, "1")
-            yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-BACKENDS = [
-    pytest.param("reference", id="reference"),
-    pytest.param(
-        "triton",
-        id="triton",
-        marks=[pytest.mark.kernels, pytest.mark.skipif(tk is None, reason=_SKIP_REASON)],
-    ),
-]
 
 PAGE = 8  # block_size_g * num_kv_heads_g: the same bytes per page in every group
 HEAD_DIM = 16
 MAX_LIVE = 4
 VOCAB = 100
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -100,34 +77,14 @@ class Group:
     def num_kv_heads(self) -> int:
         return PAGE // self.block_size
 
-    def first_key(self, q_pos: int) -> int:
-        """The first key position the query at ``q_pos`` sees."""
-        if self.kind == "sliding":
-            return max(0, q_pos - self.size + 1)
-        if self.kind == "chunked":
-            return q_pos // self.size * self.size
-        return 0
+    @property
+    def window(self) -> Window:
+        return Window(self.kind, self.size)
 
     def need_first(self, n: int) -> int:
         """The first table entry of the need set at length ``n`` (the next query is at position ``n``);
         entries before it lie wholly outside the window and are released on the next append."""
-        return self.first_key(n) // self.block_size
-
-    def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Causal mask with the window: query positions ``rows`` x key positions ``cols``."""
-        mask = cols <= rows
-        if self.kind == "sliding":
-            mask &= cols > rows - self.size
-        elif self.kind == "chunked":
-            mask &= cols >= rows - rows % self.size
-        return mask
-
-    def window_kwargs(self) -> dict[str, int]:
-        if self.kind == "sliding":
-            return {"sliding_window": self.size}
-        if self.kind == "chunked":
-            return {"attention_chunk_size": self.size}
-        return {}
+        return self.window.first_key(n) // self.block_size
 
     def __str__(self) -> str:
         return f"{self.kind}({self.block_size}{f', {self.size}' if self.size else ''})"
@@ -146,25 +103,6 @@ class HybridGeometry:
     def alignment(self) -> int:
         """``A = lcm(B_g)``: hits are multiples of it."""
         return math.lcm(*(g.block_size for g in self.groups))
-
-
-def dense_windowed(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, group: Group
-) -> torch.Tensor:
-    """Dense attention of the last ``q_len`` positions over a request's own ``[seq_len, H, D]`` K/V."""
-    q_len, num_q_heads, _ = query.shape
-    seq_len, num_kv_heads, _ = keys.shape
-    rep = num_q_heads // num_kv_heads
-    rows = torch.arange(seq_len - q_len, seq_len)[:, None]
-    cols = torch.arange(seq_len)[None, :]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.float().permute(1, 0, 2),
-        keys.float().repeat_interleave(rep, dim=1).permute(1, 0, 2),
-        values.float().repeat_interleave(rep, dim=1).permute(1, 0, 2),
-        attn_mask=group.visible(rows, cols),
-        scale=scale,
-    )
-    return out.permute(1, 0, 2).to(query.dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -487,13 +425,13 @@ class HybridEngine:
                 values = model.values(req.tokens, 0, n, 0)
                 rows = slice(qsl[i], qsl[i + 1])
                 if b < n:
-                    dense = dense_windowed(query[rows], keys, values, scale, grp)
+                    dense = dense_attention(query[rows], keys, values, scale, grp.window)
                     try:
                         torch.testing.assert_close(out[rows], dense)
                     except AssertionError as exc:
                         what = f"attention of request {rid} in group {gi} {grp} ({n} tokens)"
                         raise Mismatch(f"{what}: {exc}") from None
-                first = grp.first_key(b)
+                first = grp.window.first_key(b)
                 for cache, want, what in ((key_cache, keys, "K"), (value_cache, values, "V")):
                     if not torch.equal(gather_kv(cache, block_table[i], n, start=first), want[first:]):
                         raise Mismatch(f"paged {what} of request {rid} in group {gi} differs from its own")
@@ -519,7 +457,7 @@ class HybridEngine:
             torch.tensor(qsl, dtype=torch.int32),
             scale,
             backend=self.backend,
-            **grp.window_kwargs(),
+            **grp.window.kwargs(),
         )
 
 
@@ -738,8 +676,7 @@ def test_generated_hybrid_workloads_reference(data: st.DataObject) -> None:
     run_generated_workload(data, "reference", [torch.float32, torch.float16], max_operations=16)
 
 
-@pytest.mark.kernels
-@pytest.mark.skipif(tk is None, reason=_SKIP_REASON)
+@triton_only
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
 def test_generated_hybrid_workloads_triton(data: st.DataObject) -> None:

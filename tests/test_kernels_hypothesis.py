@@ -24,6 +24,7 @@ import torch
 import triton_interpreter
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
+from kernel_support import FULL, Window, dense_attention
 from pagedprefix.kernels import NO_BLOCK, dispatch
 from pagedprefix.kernels.dispatch import Backend
 from pagedprefix.kernels.plan import cdiv, plan_copy_blocks, plan_write_kv
@@ -46,55 +47,7 @@ BACKENDS: tuple[Backend, ...] = ("triton", "reference")
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Window:
-    """A sliding window of ``size`` tokens or local chunks of ``size`` tokens, restated from HYBRID.md
-    section 1.1 (independently of the kernels' own code)."""
-
-    kind: str  # "sliding" or "chunked"
-    size: int
-
-    def kwargs(self) -> dict[str, int]:
-        """The keyword arguments of ``paged_attention`` for this window."""
-        return {"sliding_window" if self.kind == "sliding" else "attention_chunk_size": self.size}
-
-    def visible(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """Query positions ``rows`` x key positions ``cols``: the window (causality apart)."""
-        if self.kind == "sliding":  # W counts the query token: q sees q - W + 1 .. q
-            return cols > rows - self.size
-        return cols >= (rows // self.size) * self.size  # the chunk of q, up to q
-
-    def first_key(self, q_pos: int) -> int:
-        """The first key position the query at ``q_pos`` sees."""
-        if self.kind == "sliding":
-            return max(0, q_pos - self.size + 1)
-        return q_pos - q_pos % self.size
-
-
-def dense_attention(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    scale: float,
-    window: Window | None = None,
-) -> torch.Tensor:
-    """``query [q_len, Hq, D]`` at the last ``q_len`` positions of ``keys/values [seq_len, Hkv, D]``."""
-    q_len, num_q_heads, _ = query.shape
-    seq_len, num_kv_heads, _ = keys.shape
-    group = num_q_heads // num_kv_heads
-    q = query.float().permute(1, 0, 2)
-    k = keys.float().repeat_interleave(group, dim=1).permute(1, 0, 2)
-    v = values.float().repeat_interleave(group, dim=1).permute(1, 0, 2)
-    rows = torch.arange(seq_len - q_len, seq_len)[:, None]
-    cols = torch.arange(seq_len)[None, :]
-    mask = cols <= rows
-    if window is not None:
-        mask &= window.visible(rows, cols)
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out.permute(1, 0, 2).to(query.dtype)
-
-
-def dense_batch_attention(batch: PagedBatch, window: Window | None = None) -> torch.Tensor:
+def dense_batch_attention(batch: PagedBatch, window: Window = FULL) -> torch.Tensor:
     parts = []
     start = 0
     for keys, values, q_len in zip(batch.keys, batch.values, batch.query_lens, strict=True):
@@ -105,7 +58,7 @@ def dense_batch_attention(batch: PagedBatch, window: Window | None = None) -> to
     return torch.cat(parts) if parts else torch.empty_like(batch.query)
 
 
-def attention_work(batch: PagedBatch, num_splits: int | None, window: Window | None = None) -> int:
+def attention_work(batch: PagedBatch, num_splits: int | None, window: Window = FULL) -> int:
     assert tk is not None
     plan = tk.attention_plan_for(
         batch.query,
@@ -113,7 +66,7 @@ def attention_work(batch: PagedBatch, num_splits: int | None, window: Window | N
         batch.block_table,
         batch.max_query_len,
         num_splits,
-        **(window.kwargs() if window is not None else {}),
+        **window.kwargs(),
     )
     return int(plan.program_iterations())
 
