@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from . import errors
 from ._env import interpreter_requested
-from ._validation import NO_BLOCK
 from .dispatch import Backend, ResolvedBackend, copy_blocks, paged_attention, select_backend, write_kv
 from .errors import *  # noqa: F403  (the typed errors, every name of errors.__all__)
 from .reference import dense_causal_attention, gather_kv
+from .window import NO_BLOCK
 
 __all__ = [
     "NO_BLOCK",

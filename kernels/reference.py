@@ -10,14 +10,13 @@ import torch
 
 from ._entry import KernelBackend
 from ._validation import (
-    FULL_ATTENTION,
     AttentionProblem,
-    AttentionWindow,
     CopyBlocksProblem,
     WriteKVProblem,
     check_dense_attention,
     check_gather_kv,
 )
+from .window import FULL_ATTENTION, AttentionWindow
 
 __all__ = ["copy_blocks", "paged_attention", "write_kv"]
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validation import NO_BLOCK, check_window
+from ._validation import AttentionArgs, check_window
 from .plan import cdiv
+from .window import NO_BLOCK
 
 __all__ = ["PagedBatch", "PagedLayout", "build_paged_batch", "first_keys", "make_layout", "release_before"]
 
@@ -122,7 +123,7 @@ def release_before(block_table: torch.Tensor, first_key: Sequence[int], block_si
 
 
 @dataclass(frozen=True)
-class PagedBatch:
+class PagedBatch(AttentionArgs):
     """One attention problem: the paged inputs plus each request's own contiguous K/V.
 
     Shapes: ``query [total_query_tokens, num_q_heads, head_dim]``; caches
@@ -131,13 +132,6 @@ class PagedBatch:
     ``[num_reqs + 1]``; ``keys[r]``/``values[r]`` ``[seq_lens[r], num_kv_heads, head_dim]``.
     """
 
-    query: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    scale: float
     layout: PagedLayout
     query_lens: list[int]
     keys: list[torch.Tensor]
@@ -155,20 +149,6 @@ class PagedBatch:
         context = [s - q for s, q in zip(self.seq_lens.tolist(), self.query_lens, strict=True)]
         firsts = first_keys(context, sliding_window=sliding_window, attention_chunk_size=attention_chunk_size)
         return release_before(self.block_table, firsts, self.layout.block_size)
-
-    def attention_args(
-        self,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
-        """The positional arguments of ``paged_attention``."""
-        return (
-            self.query,
-            self.key_cache,
-            self.value_cache,
-            self.block_table,
-            self.seq_lens,
-            self.query_start_loc,
-            self.scale,
-        )
 
 
 def build_paged_batch(

@@ -5,7 +5,7 @@
   (the ground truth every test compares the paged kernels with);
 - :data:`E2E_BACKENDS`, :func:`triton_only` and :func:`e2e_env`: how the end-to-end modules run each
   test twice, on the torch reference (the normal session) and on the Triton kernels in Triton's CPU
-  interpreter (the ``kernels`` session).
+  interpreter (the ``kernels`` session); :func:`draw_operation`: the next step of a generated workload.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import triton_interpreter
+from hypothesis import strategies as st
 
 tk, SKIP_REASON = triton_interpreter.load()
 
@@ -88,6 +89,20 @@ E2E_BACKENDS = [
     pytest.param("reference", id="reference"),
     pytest.param("triton", id="triton", marks=TRITON_MARKS),
 ]
+
+
+def draw_operation(data: st.DataObject, live: int, max_live: int) -> str:
+    """The next operation of a generated workload with ``live`` live requests: ``admit`` (and ``fork``,
+    which needs a live request) while fewer than ``max_live`` are live, ``append`` and ``free`` while
+    any is."""
+    kinds = []
+    if live < max_live:
+        kinds.append("admit")
+        if live:
+            kinds.append("fork")
+    if live:
+        kinds += ["append", "free"]
+    return data.draw(st.sampled_from(kinds), label="operation")
 
 
 def triton_only(test: Callable[..., None]) -> Callable[..., None]:

@@ -35,6 +35,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from kernel_support import E2E_BACKENDS as BACKENDS
 from kernel_support import (
+    draw_operation,
     e2e_env,  # noqa: F401  (autouse fixture)
     triton_only,
 )
@@ -453,14 +454,7 @@ def run_generated_workload(
     next_rid = 0
     for _ in range(data.draw(st.integers(3, max_operations), label="operations")):
         live = list(engine.tokens)
-        kinds = []
-        if len(live) < MAX_LIVE:
-            kinds.append("admit")
-            if live:
-                kinds.append("fork")
-        if live:
-            kinds += ["append", "free"]
-        kind = data.draw(st.sampled_from(kinds), label="operation")
+        kind = draw_operation(data, len(live), MAX_LIVE)
         if kind == "admit":
             source = data.draw(st.sampled_from([[], *history]), label="share a prefix of")
             shared = data.draw(st.integers(0, min(len(source), g.max_tokens - 1)), label="shared tokens")

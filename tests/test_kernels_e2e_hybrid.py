@@ -48,6 +48,7 @@ from kernel_support import E2E_BACKENDS as BACKENDS
 from kernel_support import (
     Window,
     dense_attention,
+    draw_operation,
     e2e_env,  # noqa: F401  (autouse fixture)
     triton_only,
 )
@@ -632,14 +633,7 @@ def run_generated_workload(
     next_rid = 0
     for _ in range(data.draw(st.integers(3, max_operations), label="operations")):
         live = list(engine.requests)
-        kinds = []
-        if len(live) < MAX_LIVE:
-            kinds.append("admit")
-            if live:
-                kinds.append("fork")
-        if live:
-            kinds += ["append", "free"]
-        kind = data.draw(st.sampled_from(kinds), label="operation")
+        kind = draw_operation(data, len(live), MAX_LIVE)
         if kind == "admit":
             source = data.draw(st.sampled_from([None, *live]), label="share the prefix of")
             tokens = engine.requests[source].tokens if source is not None else []
