@@ -1,8 +1,9 @@
 """The contracts of the three kernel operations, shared word for word by every implementation.
 
-``reference.py``, ``triton_kernels.py`` and ``dispatch.py`` each expose ``write_kv``, ``copy_blocks`` and
-``paged_attention`` with the same signature; :func:`contract` puts the same docstring on all of them,
-after a one-line note that says which implementation it is.
+``reference.py`` and ``triton_kernels.py`` expose ``write_kv``, ``copy_blocks`` and ``paged_attention``
+from one definition (``_entry.KernelBackend``), and ``dispatch.py`` with the same signature plus
+``backend``; :func:`contract` puts the same docstring on both definitions, after a one-line note that
+says which it is.
 """
 
 from __future__ import annotations
