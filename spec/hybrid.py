@@ -66,38 +66,28 @@ intervals > 0, connectors, chunked prefill, page-size unification; and, in this 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .cache import (
-    CacheConfig,
-    RequestId,
-    check_block_id,
-    check_config,
-    check_key,
-    check_request_id,
-    check_tokens,
-    request_sort_key,
-    resolve_seed,
-)
-from .errors import Deferred, DuplicateRequest, OutOfBlocks, UnknownRequest, safe_repr
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
+from .checks import RequestId, check_block_id, check_tokens
+from .config import CacheConfig, check_config
+from .config import config_groups as config_groups
+from .errors import Deferred, OutOfBlocks
+from .events import BlockStored, Event
 from .extras import NO_EXTRAS, Extras, block_extra_fields, check_extras
 from .groups import (
     Groups,
     cacheable,
     dense_boundaries,
     first_lookup_class,
-    full,
     hash_granularity,
     hit_alignment,
     need_set,
     num_entries,
     replay_boundary,
 )
-from .keys import chain_keys, group_key, hash_function, key_group, root_key
-from .limits import allocating, check_memory
+from .keys import chain_keys, group_key, hash_function, key_group
+from .pool import BlockPool, PoolBlock, PoolRequest
 
 HYBRID_SPEC_BYTES_PER_BLOCK = 160
 """Bytes an empty :class:`HybridSpecCache` pool takes per block (a slotted ``HybridBlock``, its
@@ -113,20 +103,14 @@ tokens and was released, keyed, at the end of the operation."""
 
 
 @dataclass(slots=True)
-class HybridBlock:
+class HybridBlock(PoolBlock[Content]):
     """A physical block: its ref_cnt, its group key once keyed, and the prefix that key stands for."""
-
-    ref_cnt: int = 0
-    block_hash: bytes | None = None
-    content: Content | None = None
 
 
 @dataclass
-class HybridRequest:
+class HybridRequest(PoolRequest):
     """A live request: its tokens, extras and one position-indexed table per group."""
 
-    tokens: list[int]
-    extras: Extras
     tables: list[Table]
 
 
@@ -182,40 +166,24 @@ def entry_group(key: bytes) -> int:
     return g
 
 
-def config_groups(config: CacheConfig) -> Groups:
-    """The config's groups; ``None`` is the one full-attention group ``(full(block_size),)``."""
-    return config.groups if config.groups is not None else (full(config.block_size),)
-
-
 def frozen(tables: Sequence[Table]) -> Tables:
     return tuple(tuple(t) for t in tables)
 
 
 @dataclass
-class HybridSpecCache:
+class HybridSpecCache(BlockPool[Content, HybridRequest]):
     """The reference cache for hybrid groups. Build it with ``HybridSpecCache.create(config)``.
 
-    State: ``blocks``; ``cached`` (group key -> blocks holding it, insertion order, in-use and
-    evictable alike); ``free_block_queue`` (exactly the blocks with ref_cnt 0, head evicted first,
-    initially ``[0, 1, …, N-1]``); ``requests``; ``pending`` (Mamba keys registered since the last
-    :meth:`new_step`, with their producer).
+    State: the pool of ``spec/pool.py`` (``blocks``; ``cached``, group key -> blocks holding it;
+    ``free_block_queue``; ``requests``) and ``pending`` (Mamba keys registered since the last
+    :meth:`new_step`, with their producer). The pool's rules (touch, pop, release batches, unkey)
+    are :class:`~pagedprefix.spec.pool.BlockPool`'s; the group machinery is here.
     """
 
-    config: CacheConfig
-    groups: Groups
-    hash_seed: int | None = field(repr=False)  # a secret (docs/SECURITY.md "Secrets")
-    root: bytes
-    blocks: list[HybridBlock]
-    cached: dict[bytes, list[int]] = field(default_factory=dict)
-    free_block_queue: list[int] = field(default_factory=list)
-    requests: dict[RequestId, HybridRequest] = field(default_factory=dict)
     pending: list[tuple[RequestId, int, bytes]] = field(default_factory=list)
-    num_evictions: int = 0
     num_pops: int = 0
     """Blocks taken from the free_block_queue for new content since creation (a counter for
     conformance's notion of eviction pressure; not part of the snapshot)."""
-    events: list[Event] | None = None
-    """KV-cache events not yet taken (:meth:`take_events`); ``None`` when they are not recorded."""
 
     @classmethod
     def create(cls, config: CacheConfig, *, events: bool = False) -> HybridSpecCache:
@@ -227,20 +195,14 @@ class HybridSpecCache:
         Raises :class:`InvalidConfig` (``check_config``, and a pool too large for memory).
         """
         check_config(config)
-        check_memory(config.num_blocks, HYBRID_SPEC_BYTES_PER_BLOCK, "the hybrid spec cache")
-        groups = config_groups(config)
-        seed = resolve_seed(config)
-        h = hash_granularity(groups)
-        with allocating("the hybrid spec cache's pool", config.num_blocks * HYBRID_SPEC_BYTES_PER_BLOCK):
-            return cls(
-                config=config,
-                groups=groups,
-                hash_seed=seed,
-                root=root_key(config.hash_algo, h, config.namespace, seed),
-                blocks=[HybridBlock() for _ in range(config.num_blocks)],
-                free_block_queue=list(range(config.num_blocks)),
-                events=[] if events else None,
-            )
+        h = hash_granularity(config_groups(config))
+        name = "the hybrid spec cache"
+        return cls._empty(config, h, HybridBlock, HYBRID_SPEC_BYTES_PER_BLOCK, name, events)
+
+    @property
+    def groups(self) -> Groups:
+        """The KV-cache groups over the pool (:func:`config_groups`)."""
+        return config_groups(self.config)
 
     @property
     def h(self) -> int:
@@ -337,65 +299,18 @@ class HybridSpecCache:
 
     # ----- the free_block_queue -------------------------------------------------------------
 
-    def _touch(self, b: int) -> None:
-        """One more reference to ``b``; an evictable block leaves the free_block_queue."""
-        if self.blocks[b].ref_cnt == 0:
-            self.free_block_queue.remove(b)
-        self.blocks[b].ref_cnt += 1
+    def _key_group(self, key: bytes) -> int:
+        return entry_group(key)
 
     def _unkey(self, b: int) -> None:
         """Drop block ``b``'s key (and its pending entry) from the index: ``BlockRemoved``."""
-        key = self.blocks[b].block_hash
-        assert key is not None
-        if self.events is not None:
-            self.events.append(BlockRemoved((key,), entry_group(key)))
-        self.cached[key].remove(b)
-        if not self.cached[key]:
-            del self.cached[key]
-        self.blocks[b].block_hash = None
-        self.blocks[b].content = None
+        super()._unkey(b)
         self.pending = [p for p in self.pending if p[1] != b]
 
     def _pop_free(self) -> int:
-        """Take the head of the free_block_queue for new content, evicting its key if it has one."""
-        b = self.free_block_queue.pop(0)
+        """Take the head of the free_block_queue for new content (counted in ``num_pops``)."""
         self.num_pops += 1
-        assert self.blocks[b].ref_cnt == 0
-        if self.blocks[b].block_hash is not None:
-            self._unkey(b)
-            self.num_evictions += 1
-        self.blocks[b].ref_cnt = 1
-        return b
-
-    def _release(self, b: int) -> None:
-        """One reference fewer; at 0 the block joins the free_block_queue: at the tail, or at the
-        head when it has no key and ``free_order == "unhashed_to_head"``."""
-        assert self.blocks[b].ref_cnt >= 1
-        self.blocks[b].ref_cnt -= 1
-        if self.blocks[b].ref_cnt > 0:
-            return
-        if self.blocks[b].block_hash is None and self.config.free_order == "unhashed_to_head":
-            self.free_block_queue.insert(0, b)
-        else:
-            self.free_block_queue.append(b)
-
-    def _release_batch(self, blocks: Sequence[int]) -> None:
-        """Release blocks that leave together (one ``BlockPool.free_blocks`` call in vLLM: a
-        group's window entries, a group's table on ``free``): each one reference fewer; those
-        reaching 0 join the queue as one batch, in order — the unkeyed ones (under
-        ``unhashed_to_head``) at the head, so the first released is popped first, the others at the
-        tail. A batch of one is :meth:`_release`; the single-group cache never releases two unkeyed
-        blocks at once, so the two readings of "goes to the head" agree there."""
-        head: list[int] = []
-        tail: list[int] = []
-        for b in blocks:
-            assert self.blocks[b].ref_cnt >= 1
-            self.blocks[b].ref_cnt -= 1
-            if self.blocks[b].ref_cnt == 0:
-                unkeyed = self.blocks[b].block_hash is None
-                (head if unkeyed and self.config.free_order == "unhashed_to_head" else tail).append(b)
-        self.free_block_queue[:0] = head
-        self.free_block_queue.extend(tail)
+        return super()._pop_free()
 
     def _register(
         self, rid: RequestId, request: HybridRequest, fine: Sequence[bytes], g: int, j: int
@@ -405,13 +320,11 @@ class HybridSpecCache:
         assert b is not None and self.blocks[b].block_hash is None
         key = self.entry_key(fine, g, j)
         end = (j + 1) * self.groups[g].block_size
-        self.blocks[b].block_hash = key
-        self.blocks[b].content = (tuple(request.tokens[:end]), request.extras)
-        self.cached.setdefault(key, []).append(b)
+        self._index(b, key, (tuple(request.tokens[:end]), request.extras))
         if self.groups[g].kind == "mamba":
             self.pending.append((rid, b, key))
-        if self.events is not None:
-            self.events.append(self._stored(request, fine, g, j, key))
+        if self.events is not None:  # (building the event costs a key)
+            self._emit(self._stored(request, fine, g, j, key))
 
     def _stored(
         self, request: HybridRequest, fine: Sequence[bytes], g: int, j: int, key: bytes
@@ -513,18 +426,8 @@ class HybridSpecCache:
 
     # ----- checks shared by operations --------------------------------------------------------
 
-    def _check_new_id(self, request_id: object) -> RequestId:
-        rid = check_request_id(request_id)
-        if rid in self.requests:
-            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
-        return rid
-
     def _check_live_id(self, request_id: object) -> tuple[RequestId, HybridRequest]:
-        rid = check_request_id(request_id)
-        request = self.requests.get(rid)
-        if request is None:
-            raise UnknownRequest(f"request {safe_repr(rid)} is not live")
-        return rid, request
+        return self._live(request_id)
 
     def _total_blocks(self, num_tokens: int) -> int:
         """Blocks a request of ``num_tokens`` occupies with no hit (for ``never_fits``)."""
@@ -738,19 +641,10 @@ class HybridSpecCache:
         self.pending.clear()
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every key, only when no block is in use; the free_block_queue order is kept.
-
-        Returns False and changes nothing while any block has ``ref_cnt > 0``.
-        """
-        if any(block.ref_cnt > 0 for block in self.blocks):
+        """Forget every key and pending state, only when no block is in use (``BlockPool``)."""
+        if not super().reset_prefix_cache():
             return False
-        self.cached.clear()
         self.pending.clear()
-        for block in self.blocks:
-            block.block_hash = None
-            block.content = None
-        if self.events is not None:
-            self.events.append(AllBlocksCleared())
         return True
 
     def take_events(self) -> list[Event]:
@@ -759,14 +653,7 @@ class HybridSpecCache:
         ``BlockRemoved`` for each key that left (eviction, a dropped pending state),
         ``AllBlocksCleared`` on a successful reset. Raises ``RuntimeError`` unless created with
         ``events=True``."""
-        if self.events is None:
-            raise RuntimeError("this cache does not record events: create it with events=True")
-        taken, self.events = self.events, []
-        return taken
-
-    def cached_keys(self) -> Counter[GroupKey]:
-        """The observable index: ``(group, key)`` -> blocks holding the key now."""
-        return Counter({(entry_group(key), key): len(blocks) for key, blocks in self.cached.items()})
+        return super().take_events()
 
     # ----- observations -----------------------------------------------------------------------
 
@@ -779,18 +666,6 @@ class HybridSpecCache:
         """Group 0's table (:meth:`block_tables` has them all)."""
         return self.block_tables(request_id)[0]
 
-    def num_tokens(self, request_id: RequestId) -> int:
-        """Tokens the request holds. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
-        return len(self._check_live_id(request_id)[1].tokens)
-
-    def ref_cnt(self, block_id: int) -> int:
-        """Table entries pointing at a physical block. Raises :class:`InvalidBlockId`."""
-        return self.blocks[check_block_id(block_id, self.config.num_blocks)].ref_cnt
-
-    def block_hash(self, block_id: int) -> bytes | None:
-        """The group key of a physical block, or None. Raises :class:`InvalidBlockId`."""
-        return self.blocks[check_block_id(block_id, self.config.num_blocks)].block_hash
-
     def block_group(self, block_id: int) -> int | None:
         """The group whose tables (or whose key) hold the block; ``None`` for a free unkeyed block.
         Raises :class:`InvalidBlockId`."""
@@ -802,26 +677,9 @@ class HybridSpecCache:
         key = self.blocks[b].block_hash
         return None if key is None else key_group(key)
 
-    def num_free_blocks(self) -> int:
-        """Blocks with ``ref_cnt == 0`` (some may still be cached and hittable)."""
-        return len(self.free_block_queue)
-
-    def free_blocks(self) -> tuple[int, ...]:
-        """The free_block_queue, head (evicted first) to tail."""
-        return tuple(self.free_block_queue)
-
-    def cached_blocks(self, key: bytes) -> tuple[int, ...]:
-        """Blocks holding the group key ``key``, in insertion order."""
-        plain = check_key(key)
-        return () if plain is None else tuple(self.cached.get(plain, []))
-
     def pending_blocks(self) -> tuple[int, ...]:
         """Blocks holding a Mamba key registered since the last :meth:`new_step`, in order."""
         return tuple(b for _, b, _ in self.pending)
-
-    def request_ids(self) -> tuple[RequestId, ...]:
-        """Live request ids, ints first, each kind sorted."""
-        return tuple(sorted(self.requests, key=request_sort_key))
 
     def orphans(self) -> int:
         """Keyed blocks no lookup can reach because a sibling group's need-set block for the same
@@ -865,10 +723,9 @@ class HybridSpecCache:
             ref_cnt=tuple(b.ref_cnt for b in self.blocks),
             block_hash=tuple(b.block_hash for b in self.blocks),
             free_block_queue=tuple(self.free_block_queue),
-            cached=tuple(sorted((k, tuple(v)) for k, v in self.cached.items())),
+            cached=self._cached_view(),
             requests=tuple(
-                (rid, tuple(r.tokens), r.extras, frozen(r.tables))
-                for rid, r in sorted(self.requests.items(), key=lambda kv: request_sort_key(kv[0]))
+                (rid, tuple(r.tokens), r.extras, frozen(r.tables)) for rid, r in self._live_requests()
             ),
             pending=tuple(self.pending),
             num_evictions=self.num_evictions,
