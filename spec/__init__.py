@@ -1,10 +1,12 @@
 """The executable specification of prefix sharing over a paged KV cache: the oracle.
 
-Read ``SpecCache`` (spec/cache.py) for the operations, ``spec/keys.py`` for the byte-exact key
-encoding and ``spec/extras.py`` for the extra keys (LoRA, multimodal, cache_salt, prompt embeds).
-Hybrid KV-cache groups (sliding window, chunked local, Mamba; SEMANTICS.md section 8) are
-``HybridSpecCache`` (spec/hybrid.py) over the group arithmetic of ``spec/groups.py``;
-:func:`create_cache` builds whichever a config needs.
+Read ``SpecCache`` (spec/cache.py) for the operations, ``spec/pool.py`` for the block pool under
+them (touch, pop and evict, release, the free_block_queue), ``spec/keys.py`` for the byte-exact
+key encoding and ``spec/extras.py`` for the extra keys (LoRA, multimodal, cache_salt, prompt
+embeds); ``spec/config.py`` and ``spec/checks.py`` validate the config and the inputs. Hybrid
+KV-cache groups (sliding window, chunked local, Mamba; SEMANTICS.md section 8) are
+``HybridSpecCache`` (spec/hybrid.py): the same pool with the group machinery beside it, over the
+group arithmetic of ``spec/groups.py``; :func:`create_cache` builds whichever a config needs.
 """
 
 from .arith import blocks_needed, capacity, max_hit_blocks, overlaps, slot_mapping, slot_of

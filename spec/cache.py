@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .arith import blocks_needed, capacity, max_hit_blocks
+from .arith import blocks_needed, max_hit_blocks
 from .checks import MAX_TOKEN as MAX_TOKEN
 from .checks import RequestId as RequestId
 from .checks import check_block_id as check_block_id
 from .checks import check_key as check_key
+from .checks import check_prompt as check_prompt
 from .checks import check_request_id as check_request_id
 from .checks import check_tokens as check_tokens
 from .checks import request_sort_key as request_sort_key
@@ -30,7 +31,7 @@ from .config import resolve_seed as resolve_seed
 from .config import seed_redacted_repr as seed_redacted_repr
 from .errors import InvalidConfig, OutOfBlocks
 from .events import BlockStored, Event
-from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields, check_extras
+from .extras import NO_EXTRAS, ExtraField, Extras, block_extra_fields
 from .groups import is_hybrid
 from .keys import chain_keys, hash_function
 from .pool import BlockPool, PoolBlock, PoolRequest
@@ -135,8 +136,7 @@ class SpecCache(BlockPool[BlockContent, Request]):
         """
         if (type(tokens) is list or type(tokens) is tuple) and not tokens:
             return []
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = check_prompt(tokens, extras)
         return self._keys(token_list, extras)
 
     def _keys(self, tokens: Sequence[int], extras: Extras) -> list[bytes]:
@@ -231,8 +231,7 @@ class SpecCache(BlockPool[BlockContent, Request]):
 
         Raises :class:`InvalidTokens`, :class:`InvalidExtras`.
         """
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = check_prompt(tokens, extras)
         hits, _ = self._hit_blocks(token_list, extras)
         return len(hits) * self.config.block_size
 
@@ -246,13 +245,11 @@ class SpecCache(BlockPool[BlockContent, Request]):
         :class:`InvalidExtras`, :class:`OutOfBlocks` (evictable hits count against capacity).
         """
         rid = self._check_new_id(request_id)
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = check_prompt(tokens, extras)
         hits, verify_miss = self._hit_blocks(token_list, extras)
         total = blocks_needed(len(token_list), self.config.block_size)
         need = total - len(hits)
-        evictable = len({b for b in hits if self.blocks[b].ref_cnt == 0})
-        available = capacity(len(self.free_block_queue), evictable)
+        available = self._available(hits)
         if need > available:
             raise OutOfBlocks(need, available, self.config.num_blocks, total)
 
@@ -289,11 +286,7 @@ class SpecCache(BlockPool[BlockContent, Request]):
 
         copies: list[tuple[int, int]] = []
         if cow:
-            src = request.block_table[-1]
-            dst = self._pop_free()
-            self.blocks[src].ref_cnt -= 1
-            request.block_table[-1] = dst
-            copies.append((src, dst))
+            copies.append(self._copy_last(request.block_table))
         request.tokens.extend(token_list)
         request.block_table.extend(self._pop_free() for _ in range(grow))
         self._register_full_blocks(request, first=old_len // size)

@@ -5,6 +5,7 @@ typed error of SEMANTICS.md section 4."""
 from __future__ import annotations
 
 from .errors import InvalidBlockId, InvalidRequestId, InvalidTokens, safe_repr
+from .extras import Extras, check_extras
 
 RequestId = str | int
 MAX_TOKEN = 2**32
@@ -57,6 +58,14 @@ def check_tokens(tokens: object) -> list[int]:
             raise InvalidTokens(f"token ids must be ints in [0, 2**32), got {safe_repr(t)}")
         out.append(as_int)
     return out
+
+
+def check_prompt(tokens: object, extras: Extras) -> list[int]:
+    """:func:`check_tokens`, then the extras against that many tokens (``check_extras``): the
+    precedence tokens before extras of SEMANTICS.md section 4. Returns the checked token list."""
+    token_list = check_tokens(tokens)
+    check_extras(extras, len(token_list))
+    return token_list
 
 
 def check_key(key: object) -> bytes | None:

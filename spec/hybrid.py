@@ -69,12 +69,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .checks import RequestId, check_block_id, check_tokens
+from .checks import RequestId, check_block_id, check_prompt, check_tokens
 from .config import CacheConfig, check_config
 from .config import config_groups as config_groups
 from .errors import Deferred, OutOfBlocks
 from .events import BlockStored, Event
-from .extras import NO_EXTRAS, Extras, block_extra_fields, check_extras
+from .extras import NO_EXTRAS, Extras, block_extra_fields
 from .groups import (
     Groups,
     cacheable,
@@ -230,8 +230,7 @@ class HybridSpecCache(BlockPool[Content, HybridRequest]):
 
         Raises :class:`InvalidTokens`, :class:`InvalidExtras`.
         """
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = check_prompt(tokens, extras)
         fine = self.fine_keys(token_list, extras)
         return [
             [self.entry_key(fine, g, j) for j in range(len(token_list) // group.block_size)]
@@ -426,17 +425,19 @@ class HybridSpecCache(BlockPool[Content, HybridRequest]):
 
     # ----- checks shared by operations --------------------------------------------------------
 
+    def _fill(self, table: Table, g: int, num_tokens: int, entries: Sequence[int]) -> None:
+        """Grow group ``g``'s ``table`` to its entries for ``num_tokens`` tokens (``None``: not held)
+        and pop a block for each of ``entries``, in order."""
+        table.extend([None] * (num_entries(self.groups[g], num_tokens) - len(table)))
+        for j in entries:
+            table[j] = self._pop_free()
+
     def _check_live_id(self, request_id: object) -> tuple[RequestId, HybridRequest]:
         return self._live(request_id)
 
     def _total_blocks(self, num_tokens: int) -> int:
         """Blocks a request of ``num_tokens`` occupies with no hit (for ``never_fits``)."""
         return sum(1 if g.kind == "mamba" else num_entries(g, num_tokens) for g in self.groups)
-
-    def _available(self, hits: Iterable[int | None]) -> int:
-        """Free blocks minus the distinct evictable blocks among ``hits`` (``spec.arith.capacity``)."""
-        evictable = {b for b in hits if b is not None and self.blocks[b].ref_cnt == 0}
-        return len(self.free_block_queue) - len(evictable)
 
     # ----- operations ---------------------------------------------------------------------------
 
@@ -446,8 +447,7 @@ class HybridSpecCache(BlockPool[Content, HybridRequest]):
 
         Raises :class:`InvalidTokens`, :class:`InvalidExtras`.
         """
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = check_prompt(tokens, extras)
         return self._hit_length(self.fine_keys(token_list, extras), len(token_list))
 
     def _admission_entries(self, g: int, n: int, hit: int, boundaries: Sequence[int]) -> list[int]:
@@ -470,8 +470,7 @@ class HybridSpecCache(BlockPool[Content, HybridRequest]):
         On error nothing changes.
         """
         rid = self._check_new_id(request_id)
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = check_prompt(tokens, extras)
         n = len(token_list)
         fine = self.fine_keys(token_list, extras)
         hit = self._hit_length(fine, n)
@@ -490,9 +489,7 @@ class HybridSpecCache(BlockPool[Content, HybridRequest]):
                 if b is not None:
                     self._touch(b)
         for g, entries in enumerate(popped):
-            tables[g].extend([None] * (num_entries(self.groups[g], n) - len(tables[g])))
-            for j in entries:
-                tables[g][j] = self._pop_free()
+            self._fill(tables[g], g, n, entries)
         request = HybridRequest(token_list, extras, tables)
         self.requests[rid] = request
         self._register_all(rid, request, fine, hit, boundaries)
@@ -560,18 +557,10 @@ class HybridSpecCache(BlockPool[Content, HybridRequest]):
             raise OutOfBlocks(need, len(self.free_block_queue), self.config.num_blocks, total)
 
         copies: list[tuple[int, int]] = []
-        for g, group in enumerate(self.groups):
-            table = request.tables[g]
+        for g, table in enumerate(request.tables):
             if cows[g]:
-                src = table[-1]
-                assert src is not None
-                dst = self._pop_free()
-                self.blocks[src].ref_cnt -= 1
-                table[-1] = dst
-                copies.append((src, dst))
-            table.extend([None] * (num_entries(group, new_len) - len(table)))
-            for j in popped[g]:
-                table[j] = self._pop_free()
+                copies.append(self._copy_last(table))
+            self._fill(table, g, new_len, popped[g])
         request.tokens.extend(token_list)
         fine = self.fine_keys(request.tokens, request.extras)
         self._register_all(rid, request, fine, old_len, boundaries)

@@ -55,17 +55,23 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None  # "max" (no limit) reads as None
 
 
-def _meminfo_available() -> int | None:
+def _proc_kib_field(path: str, field: str) -> int | None:
+    """Bytes of the ``field: N kB`` line of a ``/proc`` file (the file says kB, meaning KiB);
+    ``None`` when the file or the field cannot be read."""
     try:
-        lines = Path("/proc/meminfo").read_text(encoding="ascii").splitlines()
+        lines = Path(path).read_text(encoding="ascii").splitlines()
     except (OSError, UnicodeDecodeError):
         return None
     for line in lines:
         name, _, rest = line.partition(":")
         parts = rest.split()
-        if name == "MemAvailable" and parts and parts[0].isdigit():
-            return int(parts[0]) * 1024  # the file says kB, meaning KiB
+        if name == field and parts and parts[0].isdigit():
+            return int(parts[0]) * 1024
     return None
+
+
+def _meminfo_available() -> int | None:
+    return _proc_kib_field("/proc/meminfo", "MemAvailable")
 
 
 def _sysconf_available() -> int | None:
@@ -78,16 +84,7 @@ def _sysconf_available() -> int | None:
 
 def _address_space_used() -> int | None:
     """Bytes of address space this process maps now (``VmSize``), ``None`` when unknown."""
-    try:
-        lines = Path("/proc/self/status").read_text(encoding="ascii").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None
-    for line in lines:
-        name, _, rest = line.partition(":")
-        parts = rest.split()
-        if name == "VmSize" and parts and parts[0].isdigit():
-            return int(parts[0]) * 1024
-    return None
+    return _proc_kib_field("/proc/self/status", "VmSize")
 
 
 def _rlimit_available() -> int | None:

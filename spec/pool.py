@@ -13,10 +13,11 @@ this pool plus their own keys, hits and registration.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from .arith import capacity
 from .checks import RequestId, check_block_id, check_key, check_request_id, request_sort_key
 from .config import CacheConfig, resolve_seed
 from .errors import DuplicateRequest, UnknownRequest, safe_repr
@@ -110,7 +111,9 @@ class BlockPool(Generic[C, R]):
     def _release(self, b: int) -> None:
         """One reference fewer; a block reaching ref_cnt 0 joins the free_block_queue: at the tail,
         or at the head when it has no key and ``free_order == "unhashed_to_head"`` (it can never be
-        hit, so it should be reused first). A batch of one (:meth:`_release_batch`)."""
+        hit, so it should be reused first). A batch of one (:meth:`_release_batch`): the
+        single-group cache releases block by block and never two unkeyed blocks at once, so the two
+        readings of "goes to the head" agree there."""
         self._release_batch((b,))
 
     def _release_batch(self, blocks: Sequence[int]) -> None:
@@ -129,6 +132,22 @@ class BlockPool(Generic[C, R]):
                 (head if unkeyed and self.config.free_order == "unhashed_to_head" else tail).append(b)
         self.free_block_queue[:0] = head
         self.free_block_queue.extend(tail)
+
+    def _available(self, hits: Iterable[int | None]) -> int:
+        """Blocks an admission may pop: free blocks minus the distinct evictable (free, cached)
+        blocks among its ``hits`` (:func:`~pagedprefix.spec.arith.capacity`; ``None``: not held)."""
+        evictable = {b for b in hits if b is not None and self.blocks[b].ref_cnt == 0}
+        return capacity(len(self.free_block_queue), len(evictable))
+
+    def _copy_last(self, table: list[int] | list[int | None]) -> tuple[int, int]:
+        """Copy on write: the shared last entry ``src`` of ``table`` gives way to a popped block
+        ``dst`` (``src.ref_cnt -= 1``; it stays held by the others). Returns the copy ``(src, dst)``."""
+        src = table[-1]
+        assert src is not None
+        dst = self._pop_free()
+        self.blocks[src].ref_cnt -= 1
+        table[-1] = dst
+        return src, dst
 
     # ----- the cached index -------------------------------------------------------------------
 

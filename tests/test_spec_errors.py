@@ -7,23 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from pagedprefix.spec import (
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    InvalidBlockId,
-    InvalidConfig,
-    InvalidExtras,
-    InvalidRequestId,
-    InvalidTokens,
-    LoRA,
-    MultiModalItem,
-    OutOfBlocks,
-    PrefixCacheError,
-    PromptEmbeds,
-    SpecCache,
-    UnknownRequest,
-)
+from pagedprefix.spec import CacheConfig, Extras, LoRA, MultiModalItem, PromptEmbeds, SpecCache, errors
 
 
 def busy_cache() -> SpecCache:
@@ -42,58 +26,58 @@ def busy_cache() -> SpecCache:
 
 
 BAD_ITEM = MultiModalItem("img", 8, 4)  # reaches outside a 10-token prompt
-CASES: list[tuple[str, type[PrefixCacheError], Callable[[SpecCache], Any]]] = [
-    ("float id", InvalidRequestId, lambda c: c.allocate(1.5, [1])),
-    ("bool id", InvalidRequestId, lambda c: c.allocate(True, [1])),
-    ("None id", InvalidRequestId, lambda c: c.free(None)),
-    ("duplicate", DuplicateRequest, lambda c: c.allocate("a", [1])),
-    ("duplicate int", DuplicateRequest, lambda c: c.allocate(7, [1])),
-    ("str 7 is not int 7", UnknownRequest, lambda c: c.free("7")),
-    ("unknown free", UnknownRequest, lambda c: c.free("zz")),
-    ("unknown append", UnknownRequest, lambda c: c.append("zz", [1])),
-    ("unknown block_table", UnknownRequest, lambda c: c.block_table("zz")),
-    ("empty prompt", InvalidTokens, lambda c: c.allocate("n", [])),
-    ("empty append", InvalidTokens, lambda c: c.append("a", [])),
-    ("empty lookup", InvalidTokens, lambda c: c.lookup([])),
-    ("negative token", InvalidTokens, lambda c: c.allocate("n", [1, -1])),
-    ("token 2**32", InvalidTokens, lambda c: c.allocate("n", [2**32])),
-    ("bool token", InvalidTokens, lambda c: c.append("a", [True])),
-    ("str tokens", InvalidTokens, lambda c: c.allocate("n", "abc")),
-    ("float token", InvalidTokens, lambda c: c.lookup([1.0])),
-    ("extras not Extras", InvalidExtras, lambda c: c.allocate("n", [1], {"salt": "x"})),
-    ("empty mm item", InvalidExtras,
+CASES: list[tuple[str, type[errors.PrefixCacheError], Callable[[SpecCache], Any]]] = [
+    ("float id", errors.InvalidRequestId, lambda c: c.allocate(1.5, [1])),
+    ("bool id", errors.InvalidRequestId, lambda c: c.allocate(True, [1])),
+    ("None id", errors.InvalidRequestId, lambda c: c.free(None)),
+    ("duplicate", errors.DuplicateRequest, lambda c: c.allocate("a", [1])),
+    ("duplicate int", errors.DuplicateRequest, lambda c: c.allocate(7, [1])),
+    ("str 7 is not int 7", errors.UnknownRequest, lambda c: c.free("7")),
+    ("unknown free", errors.UnknownRequest, lambda c: c.free("zz")),
+    ("unknown append", errors.UnknownRequest, lambda c: c.append("zz", [1])),
+    ("unknown block_table", errors.UnknownRequest, lambda c: c.block_table("zz")),
+    ("empty prompt", errors.InvalidTokens, lambda c: c.allocate("n", [])),
+    ("empty append", errors.InvalidTokens, lambda c: c.append("a", [])),
+    ("empty lookup", errors.InvalidTokens, lambda c: c.lookup([])),
+    ("negative token", errors.InvalidTokens, lambda c: c.allocate("n", [1, -1])),
+    ("token 2**32", errors.InvalidTokens, lambda c: c.allocate("n", [2**32])),
+    ("bool token", errors.InvalidTokens, lambda c: c.append("a", [True])),
+    ("str tokens", errors.InvalidTokens, lambda c: c.allocate("n", "abc")),
+    ("float token", errors.InvalidTokens, lambda c: c.lookup([1.0])),
+    ("extras not Extras", errors.InvalidExtras, lambda c: c.allocate("n", [1], {"salt": "x"})),
+    ("empty mm item", errors.InvalidExtras,
      lambda c: c.allocate("n", [1, 2], Extras(mm_items=(MultiModalItem("i", 0, 0),)))),
-    ("mm outside prompt", InvalidExtras,
+    ("mm outside prompt", errors.InvalidExtras,
      lambda c: c.allocate("n", list(range(10)), Extras(mm_items=(BAD_ITEM,)))),
-    ("mm overlap", InvalidExtras, lambda c: c.lookup(list(range(10)), Extras(
+    ("mm overlap", errors.InvalidExtras, lambda c: c.lookup(list(range(10)), Extras(
         mm_items=(MultiModalItem("y", 4, 3), MultiModalItem("x", 2, 3))))),
-    ("lora id negative", InvalidExtras, lambda c: c.allocate("n", [1], Extras(lora=LoRA("l", -1)))),
-    ("lora empty name", InvalidExtras, lambda c: c.allocate("n", [1], Extras(lora=LoRA("", 1)))),
-    ("salt not str", InvalidExtras, lambda c: c.allocate("n", [1], Extras(cache_salt=5))),  # type: ignore[arg-type]
-    ("embeds unsorted", InvalidExtras, lambda c: c.allocate("n", [1, 2, 3], Extras(
+    ("lora id negative", errors.InvalidExtras, lambda c: c.allocate("n", [1], Extras(lora=LoRA("l", -1)))),
+    ("lora empty name", errors.InvalidExtras, lambda c: c.allocate("n", [1], Extras(lora=LoRA("", 1)))),
+    ("salt not str", errors.InvalidExtras, lambda c: c.allocate("n", [1], Extras(cache_salt=5))),  # type: ignore[arg-type]
+    ("embeds unsorted", errors.InvalidExtras, lambda c: c.allocate("n", [1, 2, 3], Extras(
         prompt_embeds=PromptEmbeds((2, 1), (b"a", b"b"))))),
-    ("embeds outside", InvalidExtras, lambda c: c.allocate("n", [1, 2], Extras(
+    ("embeds outside", errors.InvalidExtras, lambda c: c.allocate("n", [1, 2], Extras(
         prompt_embeds=PromptEmbeds((2,), (b"a",))))),
-    ("out of blocks", OutOfBlocks, lambda c: c.allocate("n", list(range(100, 120)))),
-    ("never fits", OutOfBlocks, lambda c: c.allocate("n", list(range(100, 140)))),
-    ("append out of blocks", OutOfBlocks, lambda c: c.append("b", list(range(20)))),
-    ("fork unknown parent", UnknownRequest, lambda c: c.fork("zz", "new")),
-    ("fork onto live child", DuplicateRequest, lambda c: c.fork("a", "b")),
-    ("fork bad child id", InvalidRequestId, lambda c: c.fork("a", b"x")),
+    ("out of blocks", errors.OutOfBlocks, lambda c: c.allocate("n", list(range(100, 120)))),
+    ("never fits", errors.OutOfBlocks, lambda c: c.allocate("n", list(range(100, 140)))),
+    ("append out of blocks", errors.OutOfBlocks, lambda c: c.append("b", list(range(20)))),
+    ("fork unknown parent", errors.UnknownRequest, lambda c: c.fork("zz", "new")),
+    ("fork onto live child", errors.DuplicateRequest, lambda c: c.fork("a", "b")),
+    ("fork bad child id", errors.InvalidRequestId, lambda c: c.fork("a", b"x")),
     # Precedence: request id, then tokens, then extras, then capacity.
-    ("id before tokens", InvalidRequestId, lambda c: c.allocate(2.0, [], Extras(cache_salt=1))),  # type: ignore[arg-type]
-    ("duplicate before tokens", DuplicateRequest, lambda c: c.allocate("a", [])),
-    ("tokens before extras", InvalidTokens, lambda c: c.allocate("n", [-1], Extras(cache_salt=1))),  # type: ignore[arg-type]
-    ("extras before capacity", InvalidExtras,
+    ("id before tokens", errors.InvalidRequestId, lambda c: c.allocate(2.0, [], Extras(cache_salt=1))),  # type: ignore[arg-type]
+    ("duplicate before tokens", errors.DuplicateRequest, lambda c: c.allocate("a", [])),
+    ("tokens before extras", errors.InvalidTokens, lambda c: c.allocate("n", [-1], Extras(cache_salt=1))),  # type: ignore[arg-type]
+    ("extras before capacity", errors.InvalidExtras,
      lambda c: c.allocate("n", list(range(100, 140)), Extras(lora=LoRA("", 0)))),
-    ("fork parent before child", UnknownRequest, lambda c: c.fork("zz", 1.5)),
-    ("append id before tokens", UnknownRequest, lambda c: c.append("zz", [])),
+    ("fork parent before child", errors.UnknownRequest, lambda c: c.fork("zz", 1.5)),
+    ("append id before tokens", errors.UnknownRequest, lambda c: c.append("zz", [])),
 ]
 
 
 @pytest.mark.parametrize(("name", "error", "op"), CASES, ids=[c[0] for c in CASES])
 def test_invalid_input_changes_nothing(
-    name: str, error: type[PrefixCacheError], op: Callable[[SpecCache], Any]
+    name: str, error: type[errors.PrefixCacheError], op: Callable[[SpecCache], Any]
 ) -> None:
     cache = busy_cache()
     before = cache.snapshot()
@@ -127,7 +111,7 @@ def test_busy_cache_shape() -> None:
     ],
 )
 def test_invalid_config(config: CacheConfig) -> None:
-    with pytest.raises(InvalidConfig):
+    with pytest.raises(errors.InvalidConfig):
         SpecCache.create(config)
 
 
@@ -142,8 +126,8 @@ def test_observing_a_bad_block_id(block_id: object) -> None:
     """Observations reject ids outside [0, N) instead of indexing from the end of a list."""
     cache = busy_cache()
     before = cache.snapshot()
-    with pytest.raises(InvalidBlockId):
+    with pytest.raises(errors.InvalidBlockId):
         cache.ref_cnt(block_id)  # type: ignore[arg-type]
-    with pytest.raises(InvalidBlockId):
+    with pytest.raises(errors.InvalidBlockId):
         cache.block_hash(block_id)  # type: ignore[arg-type]
     assert cache.snapshot() == before

@@ -56,44 +56,43 @@ def run(free_order: str) -> tuple[SpecCache, list[tuple[int, ...]], list[bytes]]
     return cache, queues, r0_keys + [r1_keys[2]]
 
 
-def test_walkthrough_unhashed_to_head() -> None:
-    cache, queues, keys = run("unhashed_to_head")
-    assert queues == [
-        (4, 5, 6, 7, 8, 9),
-        (5, 6, 7, 8, 9),
-        (7, 8, 9),
-        (4, 7, 8, 9, 3, 2),
-        (6, 4, 7, 8, 9, 3, 2, 5, 1, 0),
-    ]
+WALKTHROUGH = [
+    # free_order, free_block_queue after each step, R2's block_table, free blocks after R2,
+    # evictions, the blocks still holding R0's 4th key
+    (
+        "unhashed_to_head",
+        [(4, 5, 6, 7, 8, 9), (5, 6, 7, 8, 9), (7, 8, 9), (4, 7, 8, 9, 3, 2), (6, 4, 7, 8, 9, 3, 2, 5, 1, 0)],
+        (0, 1, 2, 6, 4, 7, 8, 9), (3, 5), 0, (3,),  # R0's 4th block survives
+    ),
+    (
+        "append_all",
+        [(4, 5, 6, 7, 8, 9), (5, 6, 7, 8, 9), (7, 8, 9), (7, 8, 9, 4, 3, 2), (7, 8, 9, 4, 3, 2, 6, 5, 1, 0)],
+        (0, 1, 2, 7, 8, 9, 4, 3), (6, 5), 1, (),  # evicted: block 3 now holds R2's partial block
+    ),
+]
+
+
+@pytest.mark.parametrize(("free_order", "queues", "table", "free", "evictions", "k3_blocks"), WALKTHROUGH)
+def test_walkthrough(
+    free_order: str,
+    queues: list[tuple[int, ...]],
+    table: tuple[int, ...],
+    free: tuple[int, ...],
+    evictions: int,
+    k3_blocks: tuple[int, ...],
+) -> None:
+    cache, seen, keys = run(free_order)
+    assert seen == queues
     c = cache.allocate("R2", R2)
     assert c.num_computed_tokens == 12
-    assert c.block_table == (0, 1, 2, 6, 4, 7, 8, 9)
-    assert cache.free_blocks() == (3, 5)
-    assert cache.num_evictions == 0
+    assert c.block_table == table
+    assert cache.free_blocks() == free
+    assert cache.num_evictions == evictions
     k0, k1, k2, k3, r1_k2 = keys
-    assert cache.cached_blocks(k3) == (3,)  # R0's 4th block survives
+    assert cache.cached_blocks(k3) == k3_blocks
+    assert cache.block_hash(3) == (k3 if k3_blocks else None)
     assert cache.cached_blocks(r1_k2) == (5,)
     assert [cache.cached_blocks(k) for k in (k0, k1, k2)] == [(0,), (1,), (2,)]
-
-
-def test_walkthrough_append_all() -> None:
-    cache, queues, keys = run("append_all")
-    assert queues == [
-        (4, 5, 6, 7, 8, 9),
-        (5, 6, 7, 8, 9),
-        (7, 8, 9),
-        (7, 8, 9, 4, 3, 2),
-        (7, 8, 9, 4, 3, 2, 6, 5, 1, 0),
-    ]
-    c = cache.allocate("R2", R2)
-    assert c.num_computed_tokens == 12
-    assert c.block_table == (0, 1, 2, 7, 8, 9, 4, 3)
-    assert cache.free_blocks() == (6, 5)
-    assert cache.num_evictions == 1
-    _, _, _, k3, r1_k2 = keys
-    assert cache.cached_blocks(k3) == ()  # evicted: block 3 now holds R2's tokens 28..
-    assert cache.cached_blocks(r1_k2) == (5,)
-    assert cache.block_hash(3) is None  # R2's last block is partial (29 = 7*4 + 1)
 
 
 @pytest.mark.parametrize("free_order", ["unhashed_to_head", "append_all"])
