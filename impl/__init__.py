@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from pagedprefix.spec import CacheConfig, check_config, is_hybrid
 
-from .block_manager import BlockManager, FreeBlockQueue
+from ._pool import FreeBlockQueue
+from .block_manager import BlockManager
 from .hybrid import HybridBlockManager
 
 if TYPE_CHECKING:

@@ -16,6 +16,10 @@ the state is kept (SEMANTICS.md section 3):
   extended block by block on ``append``, and remembered for a lookup of the same tokens right
   after (lookup then allocate, or a preempted request admitted again).
 
+The pool (``ref_cnt``, keys, the queue, the index, pops, releases, observations) is
+:class:`~pagedprefix.impl._pool.KeyedPool`, which the hybrid manager builds on too, and the byte
+encoding is ``impl/_keys.py``: each rule is written once for both.
+
 Costs (``L`` tokens, ``B`` block_size, ``N`` blocks): ``lookup`` and ``allocate`` are O(L) (parsing
 and hashing) plus O(1) per block; ``append`` is O(new tokens); ``fork`` and ``free`` are O(blocks of
 the request); ``reset_prefix_cache`` is O(cached blocks). Only the observations that return the
@@ -31,45 +35,44 @@ per eviction.
 
 from __future__ import annotations
 
-import hashlib
-import struct
-import sys
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import numpy as np
-import xxhash
 from pagedprefix.spec import (
     NO_EXTRAS,
     Allocation,
     AppendResult,
     BlockContent,
     CacheConfig,
-    DuplicateRequest,
     ExtraField,
     Extras,
     OutOfBlocks,
     RequestId,
     Snapshot,
-    UnknownRequest,
     allocating,
     block_extra_fields,
     blocks_needed,
-    check_block_id,
     check_config,
     check_extras,
-    check_key,
     check_memory,
-    check_request_id,
-    check_tokens,
     max_hit_blocks,
     root_key,
 )
-from pagedprefix.spec.cache import request_sort_key, resolve_seed
-from pagedprefix.spec.errors import safe_repr
-from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
-from pagedprefix.spec.keys import HashFn, encode_field, hash_function
+from pagedprefix.spec.cache import resolve_seed
+from pagedprefix.spec.events import BlockRemoved, BlockStored, GroupKey
+
+from ._keys import (
+    _U32,
+    KeyChain,
+    _is_plain,
+    block_tails,
+    encode_block_preimage,
+    encode_tail,
+    parse_tokens,
+    token_bytes,
+)
+from ._pool import FreeBlockQueue, KeyedPool
 
 __all__ = [
     "IMPL_BYTES_PER_BLOCK",
@@ -82,250 +85,12 @@ __all__ = [
     "token_bytes",
 ]
 
-# ----- the byte encoding (spec/keys.py), without pickle ----------------------------------------
-
-# An array typecode of exactly 4 bytes for token ids (``u32``): "I" on every common platform.
-_U32 = "I" if array("I").itemsize == 4 else "L"
-assert array(_U32).itemsize == 4, "no 4-byte unsigned array typecode on this platform"
-_BIG_ENDIAN = sys.byteorder == "big"
-_NO_FIELDS = b"\x00\x00\x00\x00"  # u32(0): a block without extra fields
-_MAX_TOKEN = 2**32
-_FILL_CHUNK = 1 << 20  # ids written per numpy call when a FreeBlockQueue is built
-
 IMPL_BYTES_PER_BLOCK = 24
 """Bytes an empty :class:`BlockManager` pool takes per block: ``ref_cnt`` (4), the key slot (8),
 the free queue's two links (8), measured 20.4 with tracemalloc, rounded up. The estimate
 :meth:`BlockManager.create` checks against the memory available (``spec/limits.py``)."""
 IMPL_VERIFY_BYTES_PER_BLOCK = IMPL_BYTES_PER_BLOCK + 8
 """The same under ``verify_tokens`` (one more slot per block for the remembered content)."""
-
-
-def _u32(x: int) -> bytes:
-    return x.to_bytes(4, "little")
-
-
-def parse_tokens(tokens: object) -> array[int]:
-    """Validate ``tokens`` and return them as a ``u32`` array (native byte order).
-
-    The fast path (an exact ``list`` or ``tuple``) checks the types in one C-level pass
-    (``type(t) is int``) and lets the array conversion check the range; anything it does not accept
-    (``bool``, ``int`` subclasses, out-of-range ids, another container) goes through the spec's
-    :func:`check_tokens`, so the error and its message are the spec's.
-
-    Raises :class:`pagedprefix.spec.InvalidTokens`.
-    """
-    if type(tokens) is list or type(tokens) is tuple:  # not a subclass: its len() could lie
-        n = len(tokens)
-        if n == 1:  # a decode step
-            t = tokens[0]
-            if type(t) is int and 0 <= t < _MAX_TOKEN:
-                return array(_U32, tokens)
-        elif n and list(map(type, tokens)).count(int) == n:
-            try:
-                return array(_U32, tokens)
-            except OverflowError:
-                pass
-    # Slow path: raises the spec's error, or accepts ints of int subclasses (not bool).
-    return array(_U32, check_tokens(tokens))
-
-
-def token_bytes(tokens: array[int]) -> bytes:
-    """``u32`` little-endian bytes of ``tokens`` (4 bytes per token)."""
-    if _BIG_ENDIAN:  # pragma: no cover - every supported platform is little-endian
-        swapped = array(_U32, tokens)
-        swapped.byteswap()
-        return swapped.tobytes()
-    return tokens.tobytes()
-
-
-def encode_tail(extras: Extras, block_index: int, block_size: int) -> bytes:
-    """The end of a block preimage: ``u32(len(fields)) ‖ field(tag, payload) …`` for the extra
-    fields of block ``block_index`` (``block_extra_fields``, canonical order)."""
-    fields = block_extra_fields(extras, block_index, block_size)
-    if not fields:
-        return _NO_FIELDS
-    return _u32(len(fields)) + b"".join(encode_field(f) for f in fields)
-
-
-def encode_block_preimage(parent: bytes, block_token_bytes: bytes, tail: bytes) -> bytes:
-    """``b"PPBK" ‖ bytes_(parent) ‖ u32(len(tokens)) ‖ u32 tokens ‖ tail``: the same bytes as
-    ``spec.keys.encode_block(parent, tokens, fields)`` when ``block_token_bytes`` is
-    :func:`token_bytes` of the block's tokens and ``tail`` is :func:`encode_tail` of its fields."""
-    return b"".join(
-        (b"PPBK", _u32(len(parent)), parent, _u32(len(block_token_bytes) // 4), block_token_bytes, tail)
-    )
-
-
-def _is_plain(extras: Extras) -> bool:
-    """True when no block of a request gets an extra field."""
-    return (
-        extras.lora is None
-        and not extras.cache_salt
-        and not extras.mm_items
-        and extras.prompt_embeds is None
-    )
-
-
-# ----- the free_block_queue ---------------------------------------------------------------------
-
-
-class FreeBlockQueue:
-    """The free_block_queue: an ordered set of block ids ``0 .. N-1`` as an intrusive doubly linked
-    list in two ``array('i')`` of ``N + 1`` entries (index ``N`` is the sentinel).
-
-    Every operation is O(1): :meth:`popleft`, :meth:`append`, :meth:`appendleft`, :meth:`remove`
-    (from anywhere) and :meth:`__contains__`. A block that is not in the queue has both links set
-    to ``-1``. Memory: 8 bytes per block. Initially the queue is ``[0, 1, …, N-1]``.
-    """
-
-    __slots__ = ("_next", "_prev", "_sentinel", "size")
-
-    def __init__(self, num_blocks: int) -> None:
-        """A full queue ``[0, 1, …, num_blocks - 1]``; ``num_blocks`` an int in ``[1, 2**31 - 1)``
-        (else ``ValueError``). Builds the links with numpy, in chunks: 2**30 blocks take seconds."""
-        if type(num_blocks) is not int or not 1 <= num_blocks < 2**31 - 1:
-            raise ValueError(f"num_blocks must be an int in [1, 2**31 - 1), got {safe_repr(num_blocks)}")
-        n = num_blocks
-        self._sentinel = n
-        nxt = _counting(n + 1, 1)  # nxt[b] = b + 1, so nxt[n - 1] = n (the sentinel)
-        nxt[n] = 0  # sentinel -> head
-        prv = _counting(n + 1, -1)  # prv[b] = b - 1, so prv[n] = n - 1 (the tail)
-        prv[0] = n  # head -> sentinel
-        self._next = nxt
-        self._prev = prv
-        self.size = n  # blocks in the queue
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __contains__(self, block: int) -> bool:
-        return 0 <= block < self._sentinel and self._next[block] != -1
-
-    def __iter__(self) -> Iterator[int]:
-        """Head (next to pop) to tail. O(len)."""
-        nxt, s = self._next, self._sentinel
-        b = nxt[s]
-        while b != s:
-            yield b
-            b = nxt[b]
-
-    def head(self) -> int:
-        """The block :meth:`popleft` would return. Raises ``IndexError`` when empty."""
-        if self.size == 0:
-            raise IndexError("head of an empty free_block_queue")
-        return self._next[self._sentinel]
-
-    def popleft(self) -> int:
-        """Remove and return the head. Raises ``IndexError`` when empty."""
-        if self.size == 0:
-            raise IndexError("pop from an empty free_block_queue")
-        b = self._next[self._sentinel]
-        self.remove(b)
-        return b
-
-    def popleft_many(self, count: int) -> list[int]:
-        """Remove and return the first ``count`` blocks, head first: the same as ``count`` calls of
-        :meth:`popleft`, in O(count) with one relink. Raises ``IndexError`` (changing nothing)
-        when fewer than ``count`` blocks are free."""
-        if count > self.size:
-            raise IndexError(f"pop of {count} blocks from a free_block_queue of {self.size}")
-        nxt, prv, s = self._next, self._prev, self._sentinel
-        out: list[int] = []
-        b = nxt[s]
-        for _ in range(count):
-            out.append(b)
-            following = nxt[b]
-            nxt[b] = prv[b] = -1
-            b = following
-        nxt[s] = b
-        prv[b] = s
-        self.size -= count
-        return out
-
-    def extend(self, blocks: Sequence[int]) -> None:
-        """Put ``blocks`` (none in the queue, no repeats) at the tail in their order: the same as
-        :meth:`append` of each. O(len(blocks))."""
-        if not blocks:
-            return
-        nxt, prv, s = self._next, self._prev, self._sentinel
-        before = prv[s]
-        for b in blocks:
-            nxt[before] = b
-            prv[b] = before
-            before = b
-        nxt[before] = s
-        prv[s] = before
-        self.size += len(blocks)
-
-    def prepend(self, blocks: Sequence[int]) -> None:
-        """Put ``blocks`` (none in the queue, no repeats) at the head in their order, ``blocks[0]``
-        first: the same as :meth:`appendleft` of each, last first. O(len(blocks))."""
-        if not blocks:
-            return
-        nxt, prv, s = self._next, self._prev, self._sentinel
-        after = nxt[s]
-        for b in reversed(blocks):
-            nxt[b] = after
-            prv[after] = b
-            after = b
-        nxt[s] = after
-        prv[after] = s
-        self.size += len(blocks)
-
-    def remove(self, block: int) -> None:
-        """Unlink ``block`` from wherever it is. The caller guarantees it is in the queue."""
-        nxt, prv = self._next, self._prev
-        p, n = prv[block], nxt[block]
-        nxt[p] = n
-        prv[n] = p
-        nxt[block] = prv[block] = -1
-        self.size -= 1
-
-    def append(self, block: int) -> None:
-        """Put ``block`` (not in the queue) at the tail: it is evicted last."""
-        nxt, prv, s = self._next, self._prev, self._sentinel
-        tail = prv[s]
-        nxt[tail] = block
-        prv[block] = tail
-        nxt[block] = s
-        prv[s] = block
-        self.size += 1
-
-    def appendleft(self, block: int) -> None:
-        """Put ``block`` (not in the queue) at the head: it is popped first."""
-        nxt, prv, s = self._next, self._prev, self._sentinel
-        head = nxt[s]
-        prv[head] = block
-        nxt[block] = head
-        prv[block] = s
-        nxt[s] = block
-        self.size += 1
-
-    def check(self) -> None:
-        """Assert the links are consistent both ways and ``size`` is right. O(N); for tests."""
-        nxt, prv, s = self._next, self._prev, self._sentinel
-        forward = list(self)
-        assert len(forward) == self.size == len(set(forward))
-        backward = []
-        b = prv[s]
-        while b != s:
-            backward.append(b)
-            b = prv[b]
-        assert backward[::-1] == forward
-        members = set(forward)
-        for b in range(s):
-            assert (b in members) == (nxt[b] != -1) == (prv[b] != -1)
-
-
-def _counting(length: int, first: int) -> array[int]:
-    """``array('i', range(first, first + length))``, filled through numpy without Python ints."""
-    out = array("i", bytes(4 * length))
-    view = np.frombuffer(out, dtype=np.int32)
-    for start in range(0, length, _FILL_CHUNK):
-        stop = min(start + _FILL_CHUNK, length)
-        view[start:stop] = np.arange(first + start, first + stop, dtype=np.int32)
-    del view  # release the buffer export
-    return out
 
 
 # ----- requests and verified contents -------------------------------------------------------------
@@ -386,7 +151,7 @@ class _Content:
 # ----- the block manager --------------------------------------------------------------------------
 
 
-class BlockManager:
+class BlockManager(KeyedPool[_Request]):
     """The optimized prefix cache; build it with :meth:`create`. Same operations, results, errors
     and observations as :class:`pagedprefix.spec.SpecCache`.
 
@@ -402,35 +167,18 @@ class BlockManager:
 
     def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes, events: bool = False) -> None:
         """Use :meth:`create`, which validates ``config`` and derives the seed and root."""
-        n = config.num_blocks
-        self._events: list[Event] | None = [] if events else None
+        self._verify = config.verify_tokens
+        self._contents: list[_Content | None] = [None] * config.num_blocks if self._verify else []
+        super().__init__(config, events, self._contents if self._verify else None)
         self.config = config
         self.hash_seed = hash_seed
         self.root = root
-        self.num_evictions = 0
         self.num_verify_misses = 0
         self._block_size = config.block_size
-        self._num_blocks = n
-        self._ref = array("i", bytes(4 * n))  # ref_cnt per block
-        self._hash: list[bytes | None] = [None] * n  # key per block
-        self._verify = config.verify_tokens
-        self._contents: list[_Content | None] = [None] * n if self._verify else []
-        self._free = FreeBlockQueue(n)
-        self._unhashed_to_head = config.free_order == "unhashed_to_head"
         self._dedup = config.dedup_on_full
-        self._index: dict[bytes, int | list[int]] = {}  # key -> block, or blocks in insertion order
-        self._requests: dict[RequestId, _Request] = {}
         # Keys computed by the last lookup or of the last freed request: (tokens, extras, keys).
         self._memo: tuple[array[int], Extras, list[bytes]] | None = None
-        # Hashing: the constant parts of every block preimage.
-        self._algo = config.hash_algo
-        # xxh3_128 takes the seed as XXH3's own seed on every block (spec/keys.py); _chain passes it
-        # positionally, which is faster than a functools.partial.
-        self._xxh3_seed = 0 if hash_seed is None else hash_seed
-        self._hash_fn: HashFn = hash_function(self._algo, hash_seed)
-        self._pre = b"PPBK" + _u32(len(root))  # every parent has the root's length
-        self._mid = _u32(config.block_size)
-        self._block_struct = struct.Struct(f"{4 * config.block_size}s")  # one block's token bytes
+        self._keys = KeyChain(config.hash_algo, hash_seed, root, config.block_size)
 
     @classmethod
     def create(cls, config: CacheConfig, *, events: bool = False) -> BlockManager:
@@ -456,14 +204,8 @@ class BlockManager:
     # ----- keys ---------------------------------------------------------------------------------
 
     def _block_tails(self, extras: Extras, first: int, count: int) -> bytes | list[bytes]:
-        """Preimage tails (:func:`encode_tail`) of blocks ``first .. first + count - 1``: one
-        ``bytes`` when they are all equal, else a list."""
-        size = self._block_size
-        if _is_plain(extras):
-            return _NO_FIELDS
-        if not extras.mm_items and extras.prompt_embeds is None and (first > 0 or not extras.cache_salt):
-            return encode_tail(extras, first, size)  # LoRA only: the same field on every block
-        return [encode_tail(extras, i, size) for i in range(first, first + count)]
+        """Preimage tails of blocks ``first .. first + count - 1`` (:func:`block_tails`)."""
+        return block_tails(extras, first, count, self._block_size)
 
     def _chain(self, parent: bytes, tokens: bytes, extras: Extras, first: int) -> list[bytes]:
         """Keys of the blocks ``first, first + 1, …`` whose ``u32`` token bytes are ``tokens``
@@ -474,24 +216,7 @@ class BlockManager:
         count = len(tokens) // (4 * self._block_size)
         if count == 0:
             return []
-        pre, mid, p, join = self._pre, self._mid, parent, b"".join
-        tails = self._block_tails(extras, first, count)
-        blocks = self._block_struct.iter_unpack(tokens)  # the token bytes of each block, in C
-        if isinstance(tails, bytes):
-            t = tails
-            if self._algo == "sha256":
-                sha256 = hashlib.sha256
-                return [p := sha256(join((pre, p, mid, b, t))).digest() for (b,) in blocks]
-            if self._algo == "xxh3_128":
-                xxh3, seed = xxhash.xxh3_128_digest, self._xxh3_seed
-                return [p := xxh3(join((pre, p, mid, b, t)), seed) for (b,) in blocks]
-            h = self._hash_fn
-            return [p := h(join((pre, p, mid, b, t))) for (b,) in blocks]
-        if self._algo == "xxh3_128":
-            xxh3, seed = xxhash.xxh3_128_digest, self._xxh3_seed
-            return [p := xxh3(join((pre, p, mid, b, t)), seed) for (b,), t in zip(blocks, tails)]
-        h = self._hash_fn
-        return [p := h(join((pre, p, mid, b, t))) for (b,), t in zip(blocks, tails)]
+        return self._keys.keys(parent, tokens, self._block_tails(extras, first, count))
 
     def _keys_of(self, tokens: array[int], extras: Extras) -> list[bytes]:
         """Keys of every full block of a parsed prompt; reuses the memo when it holds the same
@@ -553,15 +278,6 @@ class BlockManager:
                 return hits, keys[i] in index
             hits.append(b)
         return hits, False
-
-    def _index_add(self, key: bytes, b: int) -> None:
-        found = self._index.get(key)
-        if found is None:
-            self._index[key] = b
-        elif isinstance(found, int):
-            self._index[key] = [found, b]
-        else:
-            found.append(b)
 
     def _register(self, request: _Request, i: int) -> bool:
         """Give the newly full block ``i`` of ``request`` its key; True when it got it. Under
@@ -631,18 +347,7 @@ class BlockManager:
 
     def _evict(self, b: int) -> None:
         """Drop block ``b``'s key from the index: it is about to hold other content."""
-        key = self._hash[b]
-        assert key is not None
-        found = self._index[key]
-        if isinstance(found, int):
-            del self._index[key]
-        else:
-            found.remove(b)  # duplicates of one key: a handful at most
-            if len(found) == 1:
-                self._index[key] = found[0]
-        self._hash[b] = None
-        if self._verify:
-            self._contents[b] = None
+        key = self._drop_key(b)
         self.num_evictions += 1
         if self._events is not None:
             self._events.append(BlockRemoved((key,)))
@@ -664,44 +369,11 @@ class BlockManager:
         return b
 
     def _pop_many(self, count: int) -> list[int]:
-        """``count`` calls of :meth:`_pop_free` in one run: the free_block_queue unlinked once, the
-        evictions inlined (``_evict``'s work) when neither events nor ``verify_tokens`` are on."""
-        blocks = self._free.popleft_many(count)
-        hashes, ref = self._hash, self._ref
-        if self._verify or self._events is not None:
-            for b in blocks:
-                if hashes[b] is not None:
-                    self._evict(b)
-                ref[b] = 1
-            return blocks
-        index, evicted = self._index, 0
-        for b in blocks:
-            key = hashes[b]
-            if key is not None:
-                found = index[key]
-                if isinstance(found, int):
-                    del index[key]
-                else:
-                    found.remove(b)
-                    if len(found) == 1:
-                        index[key] = found[0]
-                hashes[b] = None
-                evicted += 1
-            ref[b] = 1
-        self.num_evictions += evicted
-        return blocks
-
-    def _release(self, b: int) -> None:
-        """One reference fewer; at ``ref_cnt == 0`` the block joins the free_block_queue: at the
-        tail, or at the head when it has no key under ``free_order == "unhashed_to_head"``."""
-        ref = self._ref[b] - 1
-        self._ref[b] = ref
-        if ref > 0:
-            return
-        if self._unhashed_to_head and self._hash[b] is None:
-            self._free.appendleft(b)
-        else:
-            self._free.append(b)
+        """``count`` calls of :meth:`_pop_free` in one run: :meth:`_pop_run` (the evictions
+        inlined) when neither events nor ``verify_tokens`` are on."""
+        if not self._verify and self._events is None:
+            return self._pop_run(count)
+        return [self._pop_free() for _ in range(count)]
 
     def _available(self, hits: list[int]) -> int:
         """Blocks an admission may pop: free blocks minus the distinct free blocks it hits
@@ -712,26 +384,6 @@ class BlockManager:
     def _needs_cow(self, request: _Request) -> bool:
         """Whether the next write goes to a partial last block that another table shares."""
         return len(request.tokens) % self._block_size != 0 and self._ref[request.block_table[-1]] > 1
-
-    # ----- checks -------------------------------------------------------------------------------
-
-    def _check_new_id(self, request_id: object) -> RequestId:
-        """``request_id`` as an exact str or int (``check_request_id``) that is not live."""
-        rid = check_request_id(request_id)
-        if rid in self._requests:
-            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
-        return rid
-
-    def _live(self, request_id: RequestId) -> _Request:
-        """The live request; :class:`InvalidRequestId` or :class:`UnknownRequest` otherwise."""
-        if type(request_id) is int or type(request_id) is str:  # fast path: a valid id
-            request = self._requests.get(request_id)
-            if request is not None:
-                return request
-        request = self._requests.get(check_request_id(request_id))
-        if request is None:
-            raise UnknownRequest(f"request {safe_repr(request_id)} is not live")
-        return request
 
     # ----- operations -----------------------------------------------------------------------------
 
@@ -792,7 +444,7 @@ class BlockManager:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`, :class:`InvalidTokens`,
         :class:`OutOfBlocks`. On error nothing changes.
         """
-        request = self._live(request_id)
+        _, request = self._live(request_id)
         new = parse_tokens(tokens)
         size = self._block_size
         table = request.block_table
@@ -830,7 +482,7 @@ class BlockManager:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest` (parent), then
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child).
         """
-        parent = self._live(parent_id)
+        _, parent = self._live(parent_id)
         child = self._check_new_id(child_id)
         ref = self._ref
         for b in parent.block_table:
@@ -845,23 +497,9 @@ class BlockManager:
 
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`.
         """
-        request = self._live(request_id)
-        del self._requests[check_request_id(request_id)]
-        ref, hashes, u2h = self._ref, self._hash, self._unhashed_to_head
-        tail: list[int] = []  # appended in release order
-        head: list[int] = []  # each pushed at the head in release order: the last one ends first
-        for b in reversed(request.block_table):
-            r = ref[b] - 1
-            ref[b] = r
-            if r:  # still shared: just one reference fewer
-                continue
-            if u2h and hashes[b] is None:
-                head.append(b)
-            else:
-                tail.append(b)
-        self._free.extend(tail)
-        head.reverse()
-        self._free.prepend(head)
+        rid, request = self._live(request_id)
+        del self._requests[rid]
+        self._release_batch(reversed(request.block_table))
         # A preempted request comes back with the same tokens: keep its keys for that lookup.
         self._memo = (request.tokens, request.extras, request.keys)
 
@@ -870,65 +508,13 @@ class BlockManager:
 
         Returns False, changing nothing, while any block has ``ref_cnt > 0``.
         """
-        if self._free.size != self._num_blocks:
-            return False
-        for found in self._index.values():
-            for b in (found,) if isinstance(found, int) else found:
-                self._hash[b] = None
-                if self._verify:
-                    self._contents[b] = None
-        self._index.clear()
-        if self._events is not None:
-            self._events.append(AllBlocksCleared())
-        return True
-
-    def take_events(self) -> list[Event]:
-        """The KV-cache events since the last call, oldest first: exactly the spec's stream
-        (:meth:`pagedprefix.spec.SpecCache.take_events` says what each operation emits and how a
-        subscriber counts duplicate copies). Raises ``RuntimeError`` unless created with
-        ``events=True``."""
-        if self._events is None:
-            raise RuntimeError("this block manager does not record events: create it with events=True")
-        taken, self._events = self._events, []
-        return taken
+        return self._forget_keys()
 
     # ----- observations -------------------------------------------------------------------------
 
     def block_table(self, request_id: RequestId) -> tuple[int, ...]:
         """The request's block_table. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
-        return tuple(self._live(request_id).block_table)
-
-    def num_tokens(self, request_id: RequestId) -> int:
-        """Tokens the request holds. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
-        return len(self._live(request_id).tokens)
-
-    def ref_cnt(self, block_id: int) -> int:
-        """References to a physical block from live block tables. Raises :class:`InvalidBlockId`."""
-        return self._ref[check_block_id(block_id, self._num_blocks)]
-
-    def block_hash(self, block_id: int) -> bytes | None:
-        """The key of a physical block, or None. Raises :class:`InvalidBlockId`."""
-        return self._hash[check_block_id(block_id, self._num_blocks)]
-
-    def num_free_blocks(self) -> int:
-        """Blocks with ``ref_cnt == 0`` (some may still be cached and hittable). O(1)."""
-        return self._free.size
-
-    def free_blocks(self) -> tuple[int, ...]:
-        """The free_block_queue, head (evicted first) to tail. O(free blocks)."""
-        return tuple(self._free)
-
-    def cached_blocks(self, key: bytes) -> tuple[int, ...]:
-        """Blocks holding ``key``, in insertion order (none for a value that is not ``bytes``)."""
-        plain = check_key(key)
-        found = None if plain is None else self._index.get(plain)
-        if found is None:
-            return ()
-        return (found,) if isinstance(found, int) else tuple(found)
-
-    def request_ids(self) -> tuple[RequestId, ...]:
-        """Live request ids, ints first, each kind sorted."""
-        return tuple(sorted(self._requests, key=request_sort_key))
+        return tuple(self._live(request_id)[1].block_table)
 
     def cached_keys(self) -> Counter[GroupKey]:
         """The observable index: ``(group, key)`` -> blocks holding it (group 0). O(cached keys)."""
@@ -946,13 +532,8 @@ class BlockManager:
             block_hash=tuple(self._hash),
             contents=contents,
             free_block_queue=tuple(self._free),
-            cached=tuple(
-                sorted((k, (v,) if isinstance(v, int) else tuple(v)) for k, v in self._index.items())
-            ),
-            requests=tuple(
-                (rid, tuple(r.tokens), r.extras, tuple(r.block_table))
-                for rid, r in sorted(self._requests.items(), key=lambda kv: request_sort_key(kv[0]))
-            ),
+            cached=self._cached(),
+            requests=self._request_rows(lambda r: tuple(r.block_table)),
             num_evictions=self.num_evictions,
             num_verify_misses=self.num_verify_misses,
         )
@@ -966,7 +547,6 @@ class BlockManager:
         tokens' keys.
         """
         n, size = self._num_blocks, self._block_size
-        self._free.check()
         refs = [0] * n
         for request in self._requests.values():
             assert len(request.block_table) == blocks_needed(len(request.tokens), size)
@@ -975,16 +555,4 @@ class BlockManager:
                 refs[b] += 1
             if len(request.tokens) % size:
                 assert self._hash[request.block_table[-1]] is None, "a partial block has a key"
-        assert list(self._ref) == refs
-        assert all((self._ref[b] == 0) == (b in self._free) for b in range(n))
-        keyed = {b: k for b, k in enumerate(self._hash) if k is not None}
-        listed: dict[int, bytes] = {}
-        for key, found in self._index.items():
-            blocks = [found] if isinstance(found, int) else found
-            assert isinstance(found, int) or len(found) >= 2, "a single block stored as a list"
-            for b in blocks:
-                assert b not in listed
-                listed[b] = key
-        assert listed == keyed
-        if self._verify:
-            assert all((c is None) == (k is None) for c, k in zip(self._contents, self._hash))
+        self._check_pool(refs)

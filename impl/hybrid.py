@@ -6,15 +6,13 @@ the free_block_queue order, pending recurrent states, counters); ``tests/test_im
 holds it to that with a stateful test over random hybrid configs. What differs is how the state
 is kept:
 
-- per-block ``ref_cnt`` in an ``array('i')``, keys in a list, the free_block_queue the intrusive
-  linked list of :class:`~pagedprefix.impl.block_manager.FreeBlockQueue` (O(1) pops, pushes at
-  either end and removals from the middle), the index ``key -> block`` a dict whose value is a
-  bare ``int`` for one block and a list only for duplicates;
-- each request's fine key chain (granularity ``h``) computed once and extended on ``append``;
-  group keys are selected from it (``b"PPGK" ‖ u32(g) ‖ digest``), never re-hashed;
-- the lookup builds, per group, the cached flags of the prompt's entries and their prefix sums
-  (one index probe per entry), so each ``A``-aligned candidate is checked in O(1) per group: a
-  lookup is O(entries + candidates x groups), independent of the window and of the pool;
+- the pool as the single-group manager keeps it (:class:`~pagedprefix.impl._pool.KeyedPool`:
+  ``ref_cnt`` in an ``array('i')``, keys in a list, the intrusive linked free_block_queue, the
+  index ``key -> block``, pops that evict inline, the release batch);
+- the fine key chains and every lookup in ``impl/_hybrid_lookup.py``: group keys selected from
+  one chain (never re-hashed), and per group the cached flags of the prompt's entries, so each
+  ``A``-aligned candidate is checked in O(1) per group: a lookup is O(entries + candidates x
+  groups), independent of the window and of the pool;
 - a decode releases out-of-window entries from a per-group *low-water mark* (entries below it are
   already released), so every entry is released once: amortized O(1) per block;
 - pending Mamba states are an insertion-ordered dict keyed by block (O(1) to test, drop, publish);
@@ -34,20 +32,15 @@ only, and the prefix length), which is all :meth:`orphans` needs. Costs: ``looku
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from itertools import accumulate
+from collections.abc import Sequence
 
 import numpy as np
-import xxhash
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,
     Deferred,
-    DuplicateRequest,
     Extras,
     ForkResult,
     HybridAllocation,
@@ -55,43 +48,31 @@ from pagedprefix.spec import (
     HybridSnapshot,
     OutOfBlocks,
     RequestId,
-    UnknownRequest,
     allocating,
     check_block_id,
     check_config,
     check_extras,
-    check_key,
     check_memory,
-    check_request_id,
     hash_granularity,
-    hit_alignment,
     root_key,
 )
-from pagedprefix.spec.cache import request_sort_key, resolve_seed
-from pagedprefix.spec.errors import safe_repr
-from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, GroupKey
+from pagedprefix.spec.cache import resolve_seed
+from pagedprefix.spec.events import BlockRemoved, BlockStored, GroupKey
 from pagedprefix.spec.extras import block_extra_fields
 from pagedprefix.spec.groups import (
     cacheable,
     dense_boundaries,
-    first_lookup_class,
     first_needed,
     need_set,
     num_entries,
     replay_boundary,
 )
 from pagedprefix.spec.hybrid import config_groups, entry_group
-from pagedprefix.spec.keys import GROUP_KEY_TAG, hash_function, key_group, u32
+from pagedprefix.spec.keys import key_group
 
-from .block_manager import (
-    _NO_FIELDS,
-    FreeBlockQueue,
-    _is_plain,
-    encode_block_preimage,
-    encode_tail,
-    parse_tokens,
-    token_bytes,
-)
+from . import _pool
+from ._hybrid_lookup import HybridLookup, Table, Tables, _frozen, _HRequest
+from ._keys import parse_tokens
 
 __all__ = ["IMPL_HYBRID_BYTES_PER_BLOCK", "HybridBlockManager"]
 
@@ -100,36 +81,7 @@ IMPL_HYBRID_BYTES_PER_BLOCK = 40
 origin slots (16), the origin length (4), the free queue's links (8), the group byte, rounded up
 (the estimate :meth:`HybridBlockManager.create` checks against the memory available)."""
 
-_BULK = 64
-"""Runs of at least this many blocks store their constant per-block fields (``ref_cnt``, group,
-the free_block_queue's unlinked marks) through numpy views of the arrays, one call per field."""
-
-Table = list[int | None]
-Tables = tuple[tuple[int | None, ...], ...]
-Origin = tuple[list[bytes], int]
-"""Where a key comes from: the registering request's fine chain and the length of the prefix
-(in tokens) the key stands for."""
-
-
-class _HRequest:
-    """A live request: tokens (append only), extras, tables, the fine chain, and per group the
-    low-water mark below which every entry is released (attention groups)."""
-
-    __slots__ = ("extras", "fine", "low", "tables", "tokens")
-
-    def __init__(self, tokens: array[int], extras: Extras, tables: list[Table], fine: list[bytes]) -> None:
-        self.tokens = tokens
-        self.extras = extras
-        self.tables = tables
-        self.fine = fine
-        self.low = [0] * len(tables)
-
-
-def _frozen(tables: Sequence[Table]) -> Tables:
-    return tuple(map(tuple, tables))
-
-
-class HybridBlockManager:
+class HybridBlockManager(HybridLookup):
     """The optimized hybrid cache; build it with :meth:`create`. Same operations, results, errors
     and observations as :class:`pagedprefix.spec.HybridSpecCache`.
 
@@ -143,42 +95,10 @@ class HybridBlockManager:
 
     def __init__(self, config: CacheConfig, hash_seed: int | None, root: bytes, events: bool = False) -> None:
         """Use :meth:`create`, which validates ``config`` and derives the seed and root."""
+        super().__init__(config, hash_seed, root, events)
         n = config.num_blocks
-        self._events: list[Event] | None = [] if events else None
-        self.config = config
-        self.groups = config_groups(config)
-        self.hash_seed = hash_seed
-        self.root = root
-        self.num_evictions = 0
         self.num_pops = 0
-        self.h = hash_granularity(self.groups)
-        self.align = hit_alignment(self.groups)
-        self._n = n
-        self._ref = array("i", bytes(4 * n))
-        self._hash: list[bytes | None] = [None] * n
-        self._origin: list[list[bytes] | None] = [None] * n  # the chain a key was selected from
-        self._olen = array("i", bytes(4 * n))  # ... and the prefix length (tokens) it stands for
         self._group = array("b", bytes(n))
-        self._free = FreeBlockQueue(n)
-        self._u2h = config.free_order == "unhashed_to_head"
-        self._dense = config.retention == "dense"
-        self._index: dict[bytes, int | list[int]] = {}
-        self._pending: dict[int, tuple[RequestId, bytes]] = {}
-        self._requests: dict[RequestId, _HRequest] = {}
-        # Within one admission (allocate sets it; the index is unchanged meanwhile): the chain
-        # and, per full group, the entries scanned by _leading and the blocks found.
-        self._scan: tuple[list[bytes], dict[int, tuple[int, list[int]]]] | None = None
-        # Fine chains of prompts likely admitted next (_remember): (tokens, extras, chain).
-        self._memo: tuple[tuple[array[int], Extras, list[bytes]], ...] | None = None
-        self._hash_fn = hash_function(config.hash_algo, hash_seed)
-        self._pre = b"PPBK" + u32(len(root))  # every parent has the root's length
-        self._mid = u32(self.h)
-        self._block_struct = struct.Struct(f"{4 * self.h}s")  # one fine block's token bytes
-        self._tags = [GROUP_KEY_TAG + u32(g) for g in range(len(self.groups))]
-        self._step = [g.block_size // self.h for g in self.groups]  # fine blocks per entry
-        self._mamba = [g.kind == "mamba" for g in self.groups]
-        self._first = first_lookup_class(self.groups)  # the junction's groups (spec ``_junction``)
-        self._any_mamba = any(self._mamba)
         self._sizes = [g.block_size for g in self.groups]
         # Per group for _register_all: its block size and whether it keys a run of entries (full,
         # chunked) rather than the need sets of the boundaries (sliding, Mamba).
@@ -204,195 +124,11 @@ class HybridBlockManager:
         with allocating("the hybrid block manager's pool", config.num_blocks * IMPL_HYBRID_BYTES_PER_BLOCK):
             return cls(config, seed, root, events)
 
-    # ----- keys ---------------------------------------------------------------------------------
-
-    def _chain(self, tokens: array[int], extras: Extras, fine: list[bytes]) -> None:
-        """Extend ``fine`` (the chain of ``tokens``' full ``h``-blocks) to every full block: the
-        byte-exact preimages of ``spec/keys.py`` (``encode_block_preimage``), one digest each."""
-        h, fn = self.h, self._hash_fn
-        first, count = len(fine), len(tokens) // h
-        if count <= first:
-            return
-        data = token_bytes(tokens[first * h : count * h])
-        p = fine[-1] if fine else self.root
-        if count == first + 1 and self.config.hash_algo == "sha256" and _is_plain(extras):
-            fine.append(hashlib.sha256(b"".join((self._pre, p, self._mid, data, _NO_FIELDS))).digest())
-            return
-        blocks = self._block_struct.iter_unpack(data)  # each block's token bytes, split in C
-        if _is_plain(extras):
-            pre, mid, t, join = self._pre, self._mid, _NO_FIELDS, b"".join
-            algo = self.config.hash_algo
-            if algo == "sha256":  # the digest call inlined (spec/keys.py's function, unwrapped)
-                sha256 = hashlib.sha256
-                fine.extend([p := sha256(join((pre, p, mid, b, t))).digest() for (b,) in blocks])
-            elif algo == "xxh3_128":
-                xxh3, seed = xxhash.xxh3_128_digest, 0 if self.hash_seed is None else self.hash_seed
-                fine.extend([p := xxh3(join((pre, p, mid, b, t)), seed) for (b,) in blocks])
-            else:
-                fine.extend([p := fn(join((pre, p, mid, b, t))) for (b,) in blocks])
-            return
-        for i, (block,) in enumerate(blocks, first):
-            p = fn(encode_block_preimage(p, block, encode_tail(extras, i, h)))
-            fine.append(p)
-
-    def _fine_of(self, tokens: array[int], extras: Extras) -> list[bytes]:
-        """The fine chain of a parsed prompt: a remembered one (:meth:`_remember`) when the
-        tokens and extras are equal, else hashed now."""
-        for remembered, their_extras, fine in self._memo or ():
-            if their_extras == extras and remembered == tokens:
-                return fine
-        fine = []
-        self._chain(tokens, extras, fine)
-        return fine
-
-    def _remember(self, tokens: array[int], extras: Extras, fine: list[bytes]) -> None:
-        """Keep the chain of a prompt likely to be admitted next: a lookup's, a refused
-        admission's (retried after the next ``free``), a freed request's (preemption sends it
-        again). Two at most, the newest first; no live request owns a remembered chain."""
-        kept = [m for m in self._memo or () if m[2] is not fine][:1]
-        self._memo = ((tokens, extras, fine), *kept)
-
-    def _forget(self, fine: list[bytes]) -> None:
-        """Drop ``fine`` from the remembered chains: a request now owns it."""
-        if self._memo is not None:
-            self._memo = tuple(m for m in self._memo if m[2] is not fine) or None
-
-    def _key(self, fine: Sequence[bytes], g: int, j: int) -> bytes:
-        return self._tags[g] + fine[(j + 1) * self._step[g] - 1]
-
-    # ----- the index --------------------------------------------------------------------------
-
-    def _copies(self, key: bytes) -> tuple[int, ...]:
-        found = self._index.get(key)
-        if found is None:
-            return ()
-        return (found,) if isinstance(found, int) else tuple(found)
-
-    def _find(self, key: bytes, published_only: bool) -> int | None:
-        found = self._index.get(key)
-        if found is None:
-            return None
-        if isinstance(found, int):
-            return None if published_only and found in self._pending else found
-        for b in found:
-            if not published_only or b not in self._pending:
-                return b
-        return None
-
-    def _index_add(self, key: bytes, b: int) -> None:
-        found = self._index.get(key)
-        if found is None:
-            self._index[key] = b
-        elif isinstance(found, int):
-            self._index[key] = [found, b]
-        else:
-            found.append(b)
-
     def _unkey(self, b: int) -> None:
-        key = self._hash[b]
-        assert key is not None
+        key = self._drop_key(b)
         if self._events is not None:
             self._events.append(BlockRemoved((key,), entry_group(key)))
-        found = self._index[key]
-        if isinstance(found, int):
-            del self._index[key]
-        else:
-            found.remove(b)
-            if len(found) == 1:
-                self._index[key] = found[0]
-        self._hash[b] = None
-        self._origin[b] = None
         self._pending.pop(b, None)
-
-    # ----- lookup -------------------------------------------------------------------------------
-
-    def _cached_sums(self, fine: Sequence[bytes], g: int, entries: int) -> list[int]:
-        """Prefix sums of "entry ``j`` of group ``g`` is cached" for ``j < entries``."""
-        index, tag, step = self._index, self._tags[g], self._step[g]
-        flags = [(tag + fine[(j + 1) * step - 1]) in index for j in range(entries)]
-        return [0, *accumulate(flags)]
-
-    def _leading(self, fine: Sequence[bytes], g: int, limit: int) -> list[int]:
-        """The blocks (first copy each, as ``_find`` picks) of group ``g``'s leading cached
-        entries, at most ``limit``: one index probe per entry, stopping at the first miss."""
-        scan = self._scan
-        if scan is not None and scan[0] is fine and g in scan[1]:
-            scanned, blocks = scan[1][g]
-            if limit <= scanned or len(blocks) < scanned:  # covered, or it stopped at a miss
-                return blocks[:limit]
-        index, tag, step = self._index, self._tags[g], self._step[g]
-        out: list[int] = []
-        for k in fine[step - 1 : limit * step : step]:
-            found = index.get(tag + k)
-            if found is None:
-                break
-            out.append(found if isinstance(found, int) else found[0])
-        if scan is not None and scan[0] is fine:
-            scan[1][g] = (limit, out)
-        return out
-
-    def _longest(self, fine: Sequence[bytes], num_tokens: int, groups: Sequence[int]) -> int:
-        """The largest multiple of ``A`` at most ``num_tokens - 1`` valid in each of ``groups``.
-
-        A full group is valid at ``L`` exactly when its first ``L / B`` entries are cached, so its
-        leading cached run caps ``L``. Every other need set is a run of entries ending at entry
-        ``L / B`` whose start never decreases with ``L``: when entry ``j`` of it is missing, no
-        candidate above ``j * B`` is valid either, so the scan jumps there. Each probe is one dict
-        lookup; a hit costs O(leading entries + need-set entries), a miss O(1) per group.
-        """
-        align = self.align
-        top = replay_boundary(num_tokens, align)
-        if top == 0:
-            return 0
-        others: list[int] = []
-        for g in groups:
-            if self.groups[g].kind == "full":
-                B = self.groups[g].block_size
-                top = min(top, len(self._leading(fine, g, top // B)) * B // align * align)
-                if top == 0:
-                    return 0
-            else:
-                others.append(g)
-        length, index = top, self._index
-        while length > 0:
-            for g in others:
-                group, tag, step = self.groups[g], self._tags[g], self._step[g]
-                need = need_set(group, length)
-                missing = next(
-                    (j for j in reversed(need) if tag + fine[(j + 1) * step - 1] not in index), None
-                )
-                if missing is not None:
-                    length = missing * group.block_size // align * align
-                    break
-            else:
-                return length
-        return 0
-
-    def _hit(self, fine: Sequence[bytes], num_tokens: int) -> int:
-        return self._longest(fine, num_tokens, range(len(self.groups)))
-
-    def _junction(self, fine: Sequence[bytes], num_tokens: int, hit: int) -> int | None:
-        if self._dense:
-            return None
-        longest = self._longest(fine, num_tokens, self._first)
-        return longest if longest > hit else None
-
-    def _deferred(self, fine: Sequence[bytes], hit: int) -> bool:
-        for g, group in enumerate(self.groups):
-            if self._mamba[g]:
-                for j in need_set(group, hit):
-                    if self._find(self._key(fine, g, j), published_only=True) is None:
-                        return True
-        return False
-
-    def _hit_table(self, fine: Sequence[bytes], g: int, hit: int) -> Table:
-        group = self.groups[g]
-        if group.kind == "full":  # need set 0 .. hit/B - 1, all cached (the hit says so)
-            return list(self._leading(fine, g, hit // group.block_size))
-        table: Table = [None] * (hit // group.block_size)
-        for j in need_set(group, hit):
-            table[j] = self._find(self._key(fine, g, j), published_only=self._mamba[g])
-        return table
 
     # ----- the free_block_queue -------------------------------------------------------------
 
@@ -408,107 +144,18 @@ class HybridBlockManager:
 
     def _pops(self, g: int, count: int) -> list[int]:
         """``count`` pops for group ``g`` in order: the same as ``count`` calls of :meth:`_pop`.
-        Without events or pending states the free_block_queue's first ``count`` blocks are read
-        off its links in one comprehension, then one pass unlinks each
-        (:meth:`FreeBlockQueue.popleft_many`'s work) and evicts its key (:meth:`_unkey`'s)."""
-        free = self._free
+        Without events or pending states: :meth:`_pop_run` (evictions inlined), then the group."""
         if self._events is not None or self._pending:
-            blocks = free.popleft_many(count)
-            self.num_pops += count
-            for b in blocks:
-                if self._hash[b] is not None:
-                    self._unkey(b)
-                    self.num_evictions += 1
-                self._ref[b] = 1
-                self._group[b] = g
-            return blocks
-        if count > free.size:
-            raise IndexError(f"pop of {count} blocks from a free_block_queue of {free.size}")
-        nxt, prv, s = free._next, free._prev, free._sentinel
-        hashes, ref, group, index, origin = self._hash, self._ref, self._group, self._index, self._origin
-        b = s
-        blocks = [b := nxt[b] for _ in range(count)]  # the first ``count`` blocks from the head
-        following = nxt[b]
-        pop = index.pop
-        evicted = 0
-        bulk = count >= _BULK
-        for b in blocks:
-            key = hashes[b]
-            if key is not None:
-                found = pop(key)  # the index's order is not observable (snapshot sorts)
-                if not isinstance(found, int):  # duplicates of one key: a handful at most
-                    found.remove(b)
-                    index[key] = found[0] if len(found) == 1 else found
-                hashes[b] = None
-                origin[b] = None
-                evicted += 1
-            if not bulk:
-                ref[b] = 1
-                group[b] = g
-                nxt[b] = prv[b] = -1
-        if bulk:  # the same constant stores, through numpy views of the arrays (one call each)
-            at = np.array(blocks, dtype=np.intp)
-            np.frombuffer(ref, dtype=np.int32)[at] = 1
-            np.frombuffer(group, dtype=np.int8)[at] = g
-            np.frombuffer(nxt, dtype=np.int32)[at] = -1
-            np.frombuffer(prv, dtype=np.int32)[at] = -1
-        nxt[s] = following
-        prv[following] = s
-        free.size -= count
-        self.num_pops += count
-        self.num_evictions += evicted
-        return blocks
-
-    def _release(self, b: int) -> None:
-        ref = self._ref[b] - 1
-        self._ref[b] = ref
-        if ref > 0:
-            return
-        if self._u2h and self._hash[b] is None:
-            self._free.appendleft(b)
+            return [self._pop(g) for _ in range(count)]
+        blocks = self._pop_run(count)
+        group = self._group
+        if count >= _pool._BULK:  # the group's store through a numpy view, like _pop_run's
+            np.frombuffer(group, dtype=np.int8)[np.array(blocks, dtype=np.intp)] = g
         else:
-            self._free.append(b)
-
-    def _release_batch(self, blocks: Iterable[int | None]) -> None:
-        """The spec's release batch of ``blocks`` (``None`` entries skipped): unkeyed blocks
-        (``unhashed_to_head``) prepended in release order (the first released ends at the head),
-        the others appended in release order. One pass: each block whose ``ref_cnt`` drops to 0
-        is linked into its run at once (:meth:`FreeBlockQueue.extend` and ``prepend``'s work)."""
-        ref, hashes, u2h, free = self._ref, self._hash, self._u2h, self._free
-        nxt, prv, s = free._next, free._prev, free._sentinel
-        tail = prv[s]
-        first = last = -1  # the run bound for the head
-        added = 0
-        for b in blocks:
-            if b is None:
-                continue
-            r = ref[b] - 1
-            ref[b] = r
-            if r:
-                continue
-            added += 1
-            if u2h and hashes[b] is None:
-                if last < 0:
-                    first = b
-                else:
-                    nxt[last] = b
-                    prv[b] = last
-                last = b
-            else:
-                nxt[tail] = b
-                prv[b] = tail
-                tail = b
-        if not added:
-            return
-        nxt[tail] = s
-        prv[s] = tail
-        if last >= 0:
-            head = nxt[s]
-            nxt[s] = first
-            prv[first] = s
-            nxt[last] = head
-            prv[head] = last
-        free.size += added
+            for b in blocks:
+                group[b] = g
+        self.num_pops += count
+        return blocks
 
     def _register(self, rid: RequestId, request: _HRequest, g: int, j: int) -> None:
         b = request.tables[g][j]
@@ -618,24 +265,7 @@ class HybridBlockManager:
             self._release_batch(batch)
         return tuple(sorted(out))
 
-    # ----- checks -------------------------------------------------------------------------------
-
-    def _check_new_id(self, request_id: object) -> RequestId:
-        rid = check_request_id(request_id)
-        if rid in self._requests:
-            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
-        return rid
-
-    def _live(self, request_id: object) -> tuple[RequestId, _HRequest]:
-        if type(request_id) is int or type(request_id) is str:  # fast path: a valid, live id
-            found = self._requests.get(request_id)
-            if found is not None:
-                return request_id, found
-        rid = check_request_id(request_id)
-        request = self._requests.get(rid)
-        if request is None:
-            raise UnknownRequest(f"request {safe_repr(rid)} is not live")
-        return rid, request
+    # ----- checks ----------------------------------------------------------------------------
 
     def _total_blocks(self, n: int) -> int:
         return sum(1 if self._mamba[g] else num_entries(group, n) for g, group in enumerate(self.groups))
@@ -685,7 +315,7 @@ class HybridBlockManager:
         available = self._free.size - len(evictable)
         if need > available:
             self._remember(buf, extras, fine)  # the scheduler retries it
-            raise OutOfBlocks(need, available, self._n, self._total_blocks(n))
+            raise OutOfBlocks(need, available, self._num_blocks, self._total_blocks(n))
 
         self._forget(fine)  # the request owns (and extends) the chain from now on
         remove = self._free.remove
@@ -774,7 +404,7 @@ class HybridBlockManager:
             popped.append(list(range(old_e, new_e)))
         need = sum(cows) + sum(len(e) for e in popped)
         if need > self._free.size:
-            raise OutOfBlocks(need, self._free.size, self._n, self._total_blocks(new_len))
+            raise OutOfBlocks(need, self._free.size, self._num_blocks, self._total_blocks(new_len))
 
         copies: list[tuple[int, int]] = []
         for g, group in enumerate(self.groups):
@@ -825,7 +455,7 @@ class HybridBlockManager:
                     cows.append(g)
         need += len(cows)
         if need > self._free.size:
-            raise OutOfBlocks(need, self._free.size, self._n, self._total_blocks(new_len))
+            raise OutOfBlocks(need, self._free.size, self._num_blocks, self._total_blocks(new_len))
 
         copies: list[tuple[int, int]] = []
         for g, B in enumerate(sizes):
@@ -895,26 +525,10 @@ class HybridBlockManager:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every key when no block is in use; False otherwise. O(cached)."""
-        if self._free.size != self._n:
+        if not self._forget_keys():
             return False
-        for found in self._index.values():
-            for b in (found,) if isinstance(found, int) else found:
-                self._hash[b] = None
-                self._origin[b] = None
-        self._index.clear()
         self._pending.clear()
-        if self._events is not None:
-            self._events.append(AllBlocksCleared())
         return True
-
-    def take_events(self) -> list[Event]:
-        """The KV-cache events since the last call: exactly the hybrid spec's stream
-        (:meth:`pagedprefix.spec.HybridSpecCache.take_events`). Raises ``RuntimeError`` unless
-        created with ``events=True``."""
-        if self._events is None:
-            raise RuntimeError("this block manager does not record events: create it with events=True")
-        taken, self._events = self._events, []
-        return taken
 
     def cached_keys(self) -> Counter[GroupKey]:
         """The observable index: ``(group, key)`` -> blocks holding the key now. O(cached keys)."""
@@ -929,82 +543,16 @@ class HybridBlockManager:
     def block_table(self, request_id: RequestId) -> tuple[int | None, ...]:
         return tuple(self._live(request_id)[1].tables[0])
 
-    def num_tokens(self, request_id: RequestId) -> int:
-        return len(self._live(request_id)[1].tokens)
-
-    def ref_cnt(self, block_id: int) -> int:
-        return self._ref[check_block_id(block_id, self._n)]
-
-    def block_hash(self, block_id: int) -> bytes | None:
-        return self._hash[check_block_id(block_id, self._n)]
-
     def block_group(self, block_id: int) -> int | None:
         """The group whose tables (or key) hold the block; ``None`` for a free unkeyed block."""
-        b = check_block_id(block_id, self._n)
+        b = check_block_id(block_id, self._num_blocks)
         if self._ref[b] > 0:
             return int(self._group[b])
         key = self._hash[b]
         return None if key is None else key_group(key)
 
-    def num_free_blocks(self) -> int:
-        return self._free.size
-
-    def free_blocks(self) -> tuple[int, ...]:
-        return tuple(self._free)
-
-    def cached_blocks(self, key: bytes) -> tuple[int, ...]:
-        plain = check_key(key)
-        return () if plain is None else self._copies(plain)
-
     def pending_blocks(self) -> tuple[int, ...]:
         return tuple(self._pending)
-
-    def request_ids(self) -> tuple[RequestId, ...]:
-        return tuple(sorted(self._requests, key=request_sort_key))
-
-    def orphans(self) -> int:
-        """Keyed blocks no lookup can reach because a sibling group's need-set block for the same
-        boundary is gone (the spec's definition, :meth:`HybridSpecCache.orphans`).
-
-        The boundary prefixes (cached blocks ending at a multiple of ``A``, one per distinct
-        prefix) are grouped by the fine chain they were keyed from; per chain and group one pass of
-        cached flags and prefix sums decides each prefix in O(1), and difference arrays mark the
-        need-set entries of complete and of stranded prefixes: O(entries of the chains).
-        """
-        first_origin: dict[bytes, Origin] = {}
-        for chain, length in zip(self._origin, self._olen):
-            if chain is not None and length % self.align == 0:
-                first_origin.setdefault(chain[length // self.h - 1], (chain, length))
-        chains: dict[int, tuple[list[bytes], list[int]]] = {}
-        for fine, length in first_origin.values():
-            chains.setdefault(id(fine), (fine, []))[1].append(length)
-        reachable: set[bytes] = set()
-        stranded: set[bytes] = set()
-        for fine, lengths in chains.values():
-            top = max(lengths)
-            entries = [top // g.block_size for g in self.groups]
-            sums = [self._cached_sums(fine, g, entries[g]) for g in range(len(self.groups))]
-            reach = [[0] * (n + 1) for n in entries]
-            strand = [[0] * (n + 1) for n in entries]
-            for length in lengths:
-                needs = [need_set(group, length) for group in self.groups]
-                intact = [sums[g][r.stop] - sums[g][r.start] == len(r) for g, r in enumerate(needs)]
-                complete = all(intact)
-                for g, r in enumerate(needs):
-                    marks = reach[g] if complete else strand[g] if intact[g] else None
-                    if marks is not None and len(r):
-                        marks[r.start] += 1
-                        marks[r.stop] -= 1
-            for g in range(len(self.groups)):
-                on_reach = on_strand = 0
-                for j in range(entries[g]):
-                    on_reach += reach[g][j]
-                    on_strand += strand[g][j]
-                    if on_reach:
-                        reachable.add(self._key(fine, g, j))
-                    elif on_strand:
-                        stranded.add(self._key(fine, g, j))
-        return sum(len(self._copies(k)) for k in stranded - reachable)
 
     def snapshot(self) -> HybridSnapshot:
         """Every observable, equal to the spec's snapshot of an equal state."""
@@ -1012,19 +560,15 @@ class HybridBlockManager:
             ref_cnt=tuple(self._ref),
             block_hash=tuple(self._hash),
             free_block_queue=tuple(self._free),
-            cached=tuple(sorted((k, self._copies(k)) for k in self._index)),
-            requests=tuple(
-                (rid, tuple(r.tokens), r.extras, _frozen(r.tables))
-                for rid, r in sorted(self._requests.items(), key=lambda kv: request_sort_key(kv[0]))
-            ),
+            cached=self._cached(),
+            requests=self._request_rows(lambda r: _frozen(r.tables)),
             pending=tuple((rid, b, key) for b, (rid, key) in self._pending.items()),
             num_evictions=self.num_evictions,
         )
 
     def check_integrity(self) -> None:
         """Assert the internal structures agree with each other. O(N + entries); for tests."""
-        self._free.check()
-        refs = [0] * self._n
+        refs = [0] * self._num_blocks
         for request in self._requests.values():
             assert len(request.fine) == len(request.tokens) // self.h
             for g, (group, table) in enumerate(zip(self.groups, request.tables)):
@@ -1034,11 +578,5 @@ class HybridBlockManager:
                     if b is not None:
                         refs[b] += 1
                         assert self._group[b] == g
-        assert list(self._ref) == refs
-        assert all((refs[b] == 0) == (b in self._free) for b in range(self._n))
-        listed = {
-            b: k for k, found in self._index.items() for b in ((found,) if isinstance(found, int) else found)
-        }
-        assert listed == {b: k for b, k in enumerate(self._hash) if k is not None}
-        assert all((o is None) == (k is None) for o, k in zip(self._origin, self._hash))
+        self._check_pool(refs)
         assert all(self._hash[b] == key for b, (_, key) in self._pending.items())

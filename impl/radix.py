@@ -83,12 +83,10 @@ from pagedprefix.spec import (
     Allocation,
     AppendResult,
     CacheConfig,
-    DuplicateRequest,
     ExtraField,
     Extras,
     OutOfBlocks,
     RequestId,
-    UnknownRequest,
     allocating,
     block_extra_fields,
     blocks_needed,
@@ -97,12 +95,11 @@ from pagedprefix.spec import (
     check_config,
     check_extras,
     check_memory,
-    check_request_id,
     check_tokens,
     max_hit_blocks,
 )
-from pagedprefix.spec.cache import request_sort_key
-from pagedprefix.spec.errors import safe_repr
+
+from ._pool import LiveRequests
 
 PageKey = tuple[tuple[int, ...], tuple[ExtraField, ...]]
 """A page: the ``B`` token ids of one full block and that block's typed extra fields."""
@@ -182,7 +179,7 @@ class RadixSummary:
     clock: int
 
 
-class RadixCache:
+class RadixCache(LiveRequests[_Request]):
     """A radix-tree prefix cache with :class:`~pagedprefix.spec.SpecCache`'s API. Build it with
     ``RadixCache.create(config)``. See the module docstring for the design."""
 
@@ -190,6 +187,7 @@ class RadixCache:
         """Use :meth:`create`. Raises :class:`InvalidConfig` (as :meth:`create`)."""
         check_config(config)
         check_memory(config.num_blocks, RADIX_BYTES_PER_BLOCK, "the radix cache")
+        super().__init__()
         n = config.num_blocks
         self.config = config
         self.block_size = config.block_size
@@ -208,7 +206,6 @@ class RadixCache:
         self._num_nodes = 0
         self._clock = 0
         self._root = _Node(None, next(self._uids), 0)
-        self._requests: dict[RequestId, _Request] = {}
 
     @classmethod
     def create(cls, config: CacheConfig) -> RadixCache:
@@ -422,21 +419,6 @@ class RadixCache:
             self._redundant[block] = None
         self._maybe_push(page.node)
 
-    # ----- checks shared by operations --------------------------------------------------------
-
-    def _check_new_id(self, request_id: object) -> RequestId:
-        """``request_id`` as an exact str or int (``check_request_id``) that is not live."""
-        rid = check_request_id(request_id)
-        if rid in self._requests:
-            raise DuplicateRequest(f"request {safe_repr(rid)} is already live")
-        return rid
-
-    def _check_live_id(self, request_id: object) -> _Request:
-        request = self._requests.get(check_request_id(request_id))
-        if request is None:
-            raise UnknownRequest(f"request {safe_repr(request_id)} is not live")
-        return request
-
     # ----- operations -------------------------------------------------------------------------
 
     def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
@@ -497,7 +479,7 @@ class RadixCache:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`, :class:`InvalidTokens`,
         :class:`OutOfBlocks`; on error nothing changes.
         """
-        request = self._check_live_id(request_id)
+        _, request = self._live(request_id)
         token_list = check_tokens(tokens)
         size = self.block_size
         old_len = len(request.tokens)
@@ -530,7 +512,7 @@ class RadixCache:
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest` (parent), then
         :class:`InvalidRequestId`, :class:`DuplicateRequest` (child).
         """
-        parent = self._check_live_id(parent_id)
+        _, parent = self._live(parent_id)
         child = self._check_new_id(child_id)
         for block in parent.block_table:
             self._ref[block] += 1
@@ -543,9 +525,9 @@ class RadixCache:
 
         Raises :class:`InvalidRequestId`, :class:`UnknownRequest`.
         """
-        request = self._check_live_id(request_id)
+        rid, request = self._live(request_id)
         self._clock += 1
-        del self._requests[check_request_id(request_id)]
+        del self._requests[rid]
         for block in reversed(request.block_table):
             self._release(block)
 
@@ -571,11 +553,7 @@ class RadixCache:
 
     def block_table(self, request_id: RequestId) -> tuple[int, ...]:
         """The request's block_table. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
-        return tuple(self._check_live_id(request_id).block_table)
-
-    def num_tokens(self, request_id: RequestId) -> int:
-        """Tokens the request holds. Raises :class:`InvalidRequestId`, :class:`UnknownRequest`."""
-        return len(self._check_live_id(request_id).tokens)
+        return tuple(self._live(request_id)[1].block_table)
 
     def ref_cnt(self, block_id: int) -> int:
         """References to a physical block from live block tables. Raises :class:`InvalidBlockId`."""
@@ -620,10 +598,6 @@ class RadixCache:
                 heapq.heappush(heap, (parent.stamp, parent.uid, parent))
         return tuple(order)
 
-    def request_ids(self) -> tuple[RequestId, ...]:
-        """Live request ids, ints first, each kind sorted."""
-        return tuple(sorted(self._requests, key=request_sort_key))
-
     def _tree_view(self, node: _Node) -> TreeView:
         children = sorted(node.children.items(), key=lambda kv: kv[0])
         return (
@@ -641,10 +615,7 @@ class RadixCache:
             free_pool=(*self._free_head, *self._free_tail),
             redundant=tuple(self._redundant),
             tree=self._tree_view(self._root),
-            requests=tuple(
-                (rid, tuple(r.tokens), r.extras, tuple(r.block_table))
-                for rid, r in sorted(self._requests.items(), key=lambda kv: request_sort_key(kv[0]))
-            ),
+            requests=self._request_rows(lambda r: tuple(r.block_table)),
             num_evictions=self.num_evictions,
             clock=self._clock,
         )

@@ -25,8 +25,7 @@ import pytest
 from hybrid_support import apply, hybrid_configs, next_op
 from hypothesis import settings
 from hypothesis import strategies as st
-from pagedprefix.impl import HybridBlockManager, create_manager
-from pagedprefix.impl import hybrid as hybrid_module
+from pagedprefix.impl import HybridBlockManager, _pool, create_manager
 from pagedprefix.spec import CacheConfig, HybridSpecCache, create_cache, full, sliding
 from pagedprefix.spec.events import BlockRemoved, GroupKey
 from pagedprefix.spec.events import apply as apply_event
@@ -98,7 +97,7 @@ def test_hybrid_manager_without_events_equals_the_spec(
     from hypothesis import given
 
     if bulk is not None:
-        monkeypatch.setattr(hybrid_module, "_BULK", bulk)
+        monkeypatch.setattr(_pool, "_BULK", bulk)
 
     @(settings(max_examples=EXAMPLES) if EXAMPLES else settings())
     @given(st.data())

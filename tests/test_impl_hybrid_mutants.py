@@ -19,6 +19,7 @@ from pagedprefix.impl.hybrid import _HRequest
 from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras, HybridAllocation, RequestId
 from pagedprefix.spec.groups import need_set, num_entries
 from test_impl_hybrid import run_side_by_side
+from test_impl_mutants import events_muted
 
 
 class InterleavedAdmission(HybridBlockManager):
@@ -172,22 +173,16 @@ class SilentEviction(HybridBlockManager):
     still credited: the subscriber keeps a key the engine lost)."""
 
     def _unkey(self, b: int) -> None:
-        events, self._events = self._events, None
-        try:
+        with events_muted(self):
             super()._unkey(b)
-        finally:
-            self._events = events
 
 
 class UnannouncedReset(HybridBlockManager):
     """``reset_prefix_cache`` forgets every key without ``AllBlocksCleared``."""
 
     def reset_prefix_cache(self) -> bool:
-        events, self._events = self._events, None
-        try:
+        with events_muted(self):
             return super().reset_prefix_cache()
-        finally:
-            self._events = events
 
 
 MUTANTS = [
