@@ -54,18 +54,25 @@ def pick(ops: dict[str, st.SearchStrategy[tuple[Any, ...]]]) -> st.SearchStrateg
     return st.sampled_from(sorted(ops)).flatmap(lambda name: ops[name].map(lambda args: (name, args)))
 
 
+def run_op(data: st.DataObject, target: Any, ops: dict[str, st.SearchStrategy[tuple[Any, ...]]],
+           errors: tuple[type[Exception], ...]) -> None:
+    """One drawn operation on ``target``: only ``errors`` may escape, and after one the snapshot
+    is unchanged."""
+    name, args = data.draw(pick(ops))
+    CALLS[f"device.{type(target).__name__}.{name}"] += 1
+    before = target.snapshot()
+    try:
+        getattr(target, name)(*args)
+    except errors:
+        assert target.snapshot() == before, (name, args)
+
+
 @hostile_settings()
 @given(data=st.data())
 def test_block_tables_refuse_hostile_input_atomically(data: st.DataObject) -> None:
     tables = BlockTables(2, 4, BLOCK_SIZE, num_blocks=NUM_BLOCKS)
     for _ in range(30):
-        name, args = data.draw(pick(TABLE_OPS))
-        CALLS[f"device.BlockTables.{name}"] += 1
-        before = tables.snapshot()
-        try:
-            getattr(tables, name)(*args)
-        except TABLE_ERRORS:
-            assert tables.snapshot() == before, (name, args)
+        run_op(data, tables, TABLE_OPS, TABLE_ERRORS)
 
 
 def _valid_write() -> st.SearchStrategy[tuple[Any, ...]]:
@@ -101,13 +108,7 @@ KV_OPS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
 def test_kv_cache_refuses_hostile_input_atomically(data: st.DataObject) -> None:
     kv = KVCache(2, NUM_BLOCKS, BLOCK_SIZE, HEADS, DIM, backend="reference")
     for _ in range(20):
-        name, args = data.draw(pick(KV_OPS))
-        CALLS[f"device.KVCache.{name}"] += 1
-        before = kv.snapshot()
-        try:
-            getattr(kv, name)(*args)
-        except KV_ERRORS:
-            assert kv.snapshot() == before, (name, args)
+        run_op(data, kv, KV_OPS, KV_ERRORS)
         assert all(t.shape == (NUM_BLOCKS, BLOCK_SIZE, HEADS, DIM) for t in kv.key_caches)
 
 

@@ -26,39 +26,10 @@ from typing import Any
 
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    initialize,
-    invariant,
-    multiple,
-    rule,
-)
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, rule
+from pagedprefix import spec
 from pagedprefix.impl import BlockManager
-from pagedprefix.spec import (
-    FREE_ORDERS,
-    HASH_ALGOS,
-    HASH_FUNCTIONS,
-    NO_EXTRAS,
-    Allocation,
-    AppendResult,
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    InvalidExtras,
-    InvalidRequestId,
-    InvalidTokens,
-    LoRA,
-    MultiModalItem,
-    OutOfBlocks,
-    PromptEmbeds,
-    Snapshot,
-    SpecCache,
-    UnknownRequest,
-    chain_keys,
-    check_extras,
-)
+from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras
 from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, GroupKey, apply
 
 ALPHABET = (0, 1, 2)
@@ -84,18 +55,18 @@ def extras_for(data: st.DataObject, num_tokens: int) -> Extras:
     """Valid extras for a prompt of ``num_tokens`` from small sets, plain most often."""
     if data.draw(st.integers(0, 2), label="plain?") == 0:
         return NO_EXTRAS
-    lora = data.draw(st.sampled_from([None, LoRA("a", 1), LoRA("b", 2)]), label="lora")
+    lora = data.draw(st.sampled_from([None, spec.LoRA("a", 1), spec.LoRA("b", 2)]), label="lora")
     salt = data.draw(st.sampled_from(["", "s", "t"]), label="salt")
-    mm: tuple[MultiModalItem, ...] = ()
+    mm: tuple[spec.MultiModalItem, ...] = ()
     if data.draw(st.booleans(), label="mm?"):
         start = data.draw(st.integers(0, num_tokens - 1), label="mm start")
         length = data.draw(st.integers(1, num_tokens - start), label="mm length")
         ident = data.draw(st.sampled_from(["img", "vid"]), label="mm id")
-        mm = (MultiModalItem(ident, start, length),)
+        mm = (spec.MultiModalItem(ident, start, length),)
     embeds = None
     if data.draw(st.integers(0, 7), label="embeds?") == 0:
         pos = data.draw(st.integers(0, num_tokens - 1), label="embeds pos")
-        embeds = PromptEmbeds((pos,), (data.draw(st.sampled_from([b"e1", b"e2"])),))
+        embeds = spec.PromptEmbeds((pos,), (data.draw(st.sampled_from([b"e1", b"e2"])),))
     return Extras(lora=lora, cache_salt=salt, mm_items=mm, prompt_embeds=embeds)
 
 
@@ -105,14 +76,14 @@ def colliding_prompts(root: bytes, block_size: int) -> tuple[list[int], ...]:
     collide, and two that share block 0 and collide on block 1 (found by trying candidates;
     257 distinct blocks must contain a collision)."""
     b = block_size
-    hash_fn = HASH_FUNCTIONS["weak8"]
+    hash_fn = spec.HASH_FUNCTIONS["weak8"]
 
     def collision(prefix: list[int]) -> tuple[list[int], list[int]]:
-        parent = chain_keys(hash_fn, root, prefix, NO_EXTRAS, b)[-1] if prefix else root
+        parent = spec.chain_keys(hash_fn, root, prefix, NO_EXTRAS, b)[-1] if prefix else root
         seen: dict[bytes, list[int]] = {}
         for i in range(257):
             block = [100 + i] + [0] * (b - 1)
-            key = chain_keys(hash_fn, root, block, NO_EXTRAS, b, start_parent=parent)[0]
+            key = spec.chain_keys(hash_fn, root, block, NO_EXTRAS, b, start_parent=parent)[0]
             if key in seen:
                 return seen[key], block
             seen[key] = block
@@ -138,10 +109,10 @@ class ImplMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.spec: SpecCache
+        self.spec: spec.SpecCache
         self.impl: Any
         self.block_size = 1
-        self.last: Snapshot
+        self.last: spec.Snapshot
         self.recent: list[tuple[list[int], Extras]] = []
         self.subscriber: Counter[GroupKey] = Counter()
 
@@ -161,9 +132,9 @@ class ImplMachine(RuleBasedStateMachine):
         self.check_events(failed=outcome[0] == "err")
         if outcome[0] == "err":
             event(f"error {outcome[1].__name__}")
-        elif isinstance(outcome[1], Allocation) and outcome[1].num_computed_tokens:
+        elif isinstance(outcome[1], spec.Allocation) and outcome[1].num_computed_tokens:
             event("allocation with a hit")
-        elif isinstance(outcome[1], AppendResult) and outcome[1].copies:
+        elif isinstance(outcome[1], spec.AppendResult) and outcome[1].copies:
             event("copy on write")
         if outcomes[0][0] == "err":
             assert self.spec.snapshot() == self.last, "spec changed on error"
@@ -207,8 +178,8 @@ class ImplMachine(RuleBasedStateMachine):
                 cut = data.draw(st.integers(1, max(1, (len(tokens) - 1) // b)), label="cut") * b
                 tokens = tokens[:cut] if cut < len(tokens) else tokens
                 try:
-                    check_extras(extras, len(tokens))
-                except InvalidExtras:  # an item beyond the cut: keep the LoRA and the salt only
+                    spec.check_extras(extras, len(tokens))
+                except spec.InvalidExtras:  # an item beyond the cut: keep the LoRA and the salt only
                     extras = Extras(lora=extras.lora, cache_salt=extras.cache_salt)
             return tokens, extras
         banks = token_banks(b)
@@ -239,10 +210,10 @@ class ImplMachine(RuleBasedStateMachine):
     @initialize(
         block_size=st.sampled_from([1, 2, 4, 16]),
         num_blocks=st.integers(2, 12),
-        free_order=st.sampled_from(FREE_ORDERS),
+        free_order=st.sampled_from(spec.FREE_ORDERS),
         dedup_on_full=st.booleans(),
         verify_tokens=st.booleans(),
-        hash_algo=st.sampled_from(("weak8", *HASH_ALGOS)),
+        hash_algo=st.sampled_from(("weak8", *spec.HASH_ALGOS)),
         hash_seed=st.sampled_from([0, 2**64 - 1, 12345]),
     )
     def setup(
@@ -265,7 +236,7 @@ class ImplMachine(RuleBasedStateMachine):
             verify_tokens=verify_tokens,
         )
         self.block_size = block_size
-        self.spec = SpecCache.create(config, events=True)
+        self.spec = spec.SpecCache.create(config, events=True)
         self.impl = type(self).impl_factory(config, events=True)
         assert self.impl.root == self.spec.root and self.impl.hash_seed == self.spec.hash_seed
         self.last = self.spec.snapshot()
@@ -362,11 +333,13 @@ class ImplMachine(RuleBasedStateMachine):
         bad_id = data.draw(st.sampled_from(INVALID_IDS), label="bad id")
         live_id = data.draw(st.sampled_from(live), label="live id") if live else None
         if kind == "id":
-            self.expect_error(lambda c: c.allocate(bad_id, bad_tokens, NO_EXTRAS), InvalidRequestId)
+            self.expect_error(lambda c: c.allocate(bad_id, bad_tokens, NO_EXTRAS), spec.InvalidRequestId)
         elif kind == "duplicate" and live:
-            self.expect_error(lambda c: c.allocate(live_id, bad_tokens, "bad extras"), DuplicateRequest)
+            self.expect_error(lambda c: c.allocate(live_id, bad_tokens, "bad extras"), spec.DuplicateRequest)
         elif kind == "tokens":
-            self.expect_error(lambda c: c.allocate(NEVER_USED_ID, bad_tokens, "bad extras"), InvalidTokens)
+            self.expect_error(
+                lambda c: c.allocate(NEVER_USED_ID, bad_tokens, "bad extras"), spec.InvalidTokens
+            )
         elif kind == "extras":
             tokens, _ = self.request(data)
             n = len(tokens)
@@ -375,54 +348,54 @@ class ImplMachine(RuleBasedStateMachine):
                     [
                         None,
                         "s",
-                        Extras(mm_items=(MultiModalItem("img", 0, n + 1),)),
-                        Extras(mm_items=(MultiModalItem("img", n, 1),)),
-                        Extras(mm_items=(MultiModalItem("img", 0, 0),)),
-                        Extras(mm_items=(MultiModalItem("a", 0, 1), MultiModalItem("b", 0, 1))),
-                        Extras(mm_items=[MultiModalItem("a", 0, 1)]),  # type: ignore[arg-type]
-                        Extras(lora=LoRA("", 1)),
-                        Extras(lora=LoRA("a", -1)),
+                        Extras(mm_items=(spec.MultiModalItem("img", 0, n + 1),)),
+                        Extras(mm_items=(spec.MultiModalItem("img", n, 1),)),
+                        Extras(mm_items=(spec.MultiModalItem("img", 0, 0),)),
+                        Extras(mm_items=(spec.MultiModalItem("a", 0, 1), spec.MultiModalItem("b", 0, 1))),
+                        Extras(mm_items=[spec.MultiModalItem("a", 0, 1)]),  # type: ignore[arg-type]
+                        Extras(lora=spec.LoRA("", 1)),
+                        Extras(lora=spec.LoRA("a", -1)),
                         Extras(cache_salt=5),  # type: ignore[arg-type]
-                        Extras(prompt_embeds=PromptEmbeds((n,), (b"e",))),
-                        Extras(prompt_embeds=PromptEmbeds((0,), (b"",))),
+                        Extras(prompt_embeds=spec.PromptEmbeds((n,), (b"e",))),
+                        Extras(prompt_embeds=spec.PromptEmbeds((0,), (b"",))),
                     ]
                 ),
                 label="bad extras",
             )
-            self.expect_error(lambda c: c.allocate(NEVER_USED_ID, tokens, bad_extras), InvalidExtras)
-            self.expect_error(lambda c: c.lookup(tokens, bad_extras), InvalidExtras)
+            self.expect_error(lambda c: c.allocate(NEVER_USED_ID, tokens, bad_extras), spec.InvalidExtras)
+            self.expect_error(lambda c: c.lookup(tokens, bad_extras), spec.InvalidExtras)
         elif kind == "never_fits":
             # More blocks than the pool has. It fails with OutOfBlocks(never_fits) unless one-byte
             # keys collide inside the prompt, so that it hits one cached block several times.
             n = self.spec.config.num_blocks * self.block_size + 1
             outcome = self.both(lambda c: c.allocate(NEVER_USED_ID, [0] * n))
             if self.spec.config.hash_algo != "weak8":
-                assert outcome[0] == "err" and outcome[1] is OutOfBlocks, outcome
+                assert outcome[0] == "err" and outcome[1] is spec.OutOfBlocks, outcome
             if outcome[0] == "ok":
                 self.both(lambda c: c.free(NEVER_USED_ID))
         elif kind == "append":
-            self.expect_error(lambda c: c.append(bad_id, bad_tokens), InvalidRequestId)
-            self.expect_error(lambda c: c.append(NEVER_USED_ID, bad_tokens), UnknownRequest)
+            self.expect_error(lambda c: c.append(bad_id, bad_tokens), spec.InvalidRequestId)
+            self.expect_error(lambda c: c.append(NEVER_USED_ID, bad_tokens), spec.UnknownRequest)
         elif kind == "append_tokens" and live:
-            self.expect_error(lambda c: c.append(live_id, bad_tokens), InvalidTokens)
+            self.expect_error(lambda c: c.append(live_id, bad_tokens), spec.InvalidTokens)
         elif kind == "append_out_of_blocks" and live:
             n = (self.spec.num_free_blocks() + 1) * self.block_size
-            self.expect_error(lambda c: c.append(live_id, [0] * n), OutOfBlocks)
+            self.expect_error(lambda c: c.append(live_id, [0] * n), spec.OutOfBlocks)
         elif kind == "fork":
-            self.expect_error(lambda c: c.fork(bad_id, bad_id), InvalidRequestId)
-            self.expect_error(lambda c: c.fork(NEVER_USED_ID, bad_id), UnknownRequest)
+            self.expect_error(lambda c: c.fork(bad_id, bad_id), spec.InvalidRequestId)
+            self.expect_error(lambda c: c.fork(NEVER_USED_ID, bad_id), spec.UnknownRequest)
         elif kind == "fork_child" and live:
             other = data.draw(st.sampled_from(live), label="live child")
-            self.expect_error(lambda c: c.fork(live_id, bad_id), InvalidRequestId)
-            self.expect_error(lambda c: c.fork(live_id, other), DuplicateRequest)
+            self.expect_error(lambda c: c.fork(live_id, bad_id), spec.InvalidRequestId)
+            self.expect_error(lambda c: c.fork(live_id, other), spec.DuplicateRequest)
         elif kind == "free":
-            self.expect_error(lambda c: c.free(bad_id), InvalidRequestId)
-            self.expect_error(lambda c: c.free(NEVER_USED_ID), UnknownRequest)
+            self.expect_error(lambda c: c.free(bad_id), spec.InvalidRequestId)
+            self.expect_error(lambda c: c.free(NEVER_USED_ID), spec.UnknownRequest)
         elif kind == "lookup":
-            self.expect_error(lambda c: c.lookup(bad_tokens, "bad extras"), InvalidTokens)
+            self.expect_error(lambda c: c.lookup(bad_tokens, "bad extras"), spec.InvalidTokens)
         elif kind == "observe":
-            self.expect_error(lambda c: c.block_table(NEVER_USED_ID), UnknownRequest)
-            self.expect_error(lambda c: c.num_tokens(bad_id), InvalidRequestId)
+            self.expect_error(lambda c: c.block_table(NEVER_USED_ID), spec.UnknownRequest)
+            self.expect_error(lambda c: c.num_tokens(bad_id), spec.InvalidRequestId)
 
     # ----- invariants ----------------------------------------------------------------------------
 

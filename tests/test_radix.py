@@ -14,33 +14,11 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from pagedprefix import spec
 from pagedprefix.conformance.adapters import RADIX_CAPABILITIES
 from pagedprefix.impl.radix import RadixCache, RadixSummary, TreeView
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    InvalidExtras,
-    InvalidRequestId,
-    InvalidTokens,
-    LoRA,
-    MultiModalItem,
-    OutOfBlocks,
-    PrefixCacheError,
-    PromptEmbeds,
-    SpecCache,
-    UnknownRequest,
-    block_extra_fields,
-    blocks_needed,
-    max_hit_blocks,
-)
+from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras
 
 
 def make(block_size: int = 4, num_blocks: int = 16) -> RadixCache:
@@ -167,16 +145,16 @@ def test_capacity_counts_evictable_hits_like_the_spec() -> None:
     block 4 is left for its 2 new blocks: OutOfBlocks(needed 2, available 1). y2 hits one page
     and takes 4 plus a's evicted tail page. Same ids as the spec."""
     results = []
-    for cache in (make(2, 5), SpecCache.create(CacheConfig(block_size=2, num_blocks=5))):
+    for cache in (make(2, 5), spec.SpecCache.create(CacheConfig(block_size=2, num_blocks=5))):
         cache.allocate("a", [1, 2, 3, 4])
         cache.free("a")
         assert cache.allocate("x", [50, 51, 52]).block_table == (2, 3)
-        with pytest.raises(OutOfBlocks) as err:
+        with pytest.raises(spec.OutOfBlocks) as err:
             cache.allocate("y", [1, 2, 3, 4, 5, 6, 7])
         assert (err.value.needed, err.value.available, err.value.never_fits) == (2, 1, False)
         y2 = cache.allocate("y2", [1, 2, 9, 9, 9])
         results.append((y2, cache.num_free_blocks()))
-        with pytest.raises(OutOfBlocks) as err:
+        with pytest.raises(spec.OutOfBlocks) as err:
             cache.allocate("z", list(range(11)))
         assert err.value.never_fits and "never fit" in str(err.value)
     assert results[0] == results[1]
@@ -190,7 +168,7 @@ def test_duplicate_page_is_a_shadow_then_promoted() -> None:
     cached path stays whole. The spec gives the same ids (vLLM v1 keeps both copies indexed)."""
     tail = [9, 10, 11, 12]
     runs = []
-    for cache in (make(4, 8), SpecCache.create(CacheConfig(block_size=4, num_blocks=8))):
+    for cache in (make(4, 8), spec.SpecCache.create(CacheConfig(block_size=4, num_blocks=8))):
         cache.allocate("a", SYS)
         b = cache.allocate("b", SYS)
         assert (b.num_computed_tokens, b.block_table) == (4, (0, 2))
@@ -234,10 +212,10 @@ def test_extras_namespaces_never_share() -> None:
     cache = make(block_size=2, num_blocks=64)
     tokens = [1, 2, 3, 4, 5]
     salt_x = Extras(cache_salt="x")
-    lora_x = Extras(lora=LoRA("x", 1))
-    img1 = Extras(mm_items=(MultiModalItem("img1", 0, 4),))
-    img2 = Extras(mm_items=(MultiModalItem("img2", 0, 4),))
-    img1_shifted = Extras(mm_items=(MultiModalItem("img1", 1, 3),))
+    lora_x = Extras(lora=spec.LoRA("x", 1))
+    img1 = Extras(mm_items=(spec.MultiModalItem("img1", 0, 4),))
+    img2 = Extras(mm_items=(spec.MultiModalItem("img2", 0, 4),))
+    img1_shifted = Extras(mm_items=(spec.MultiModalItem("img1", 1, 3),))
     tables = {}
     for name, extras in [
         ("plain", NO_EXTRAS),
@@ -247,7 +225,7 @@ def test_extras_namespaces_never_share() -> None:
         ("img2", img2),
         ("img1_shifted", img1_shifted),
         ("salt_y", Extras(cache_salt="y")),
-        ("lora_x2", Extras(lora=LoRA("x", 2))),
+        ("lora_x2", Extras(lora=spec.LoRA("x", 2))),
     ]:
         alloc = cache.allocate(name, tokens, extras)
         assert alloc.num_computed_tokens == 0, name
@@ -265,7 +243,7 @@ def test_extras_namespaces_never_share() -> None:
     again = cache.allocate("salt_x_again", [*tokens[:4], 7], salt_x)
     assert again.num_computed_tokens == 4 and set(again.block_table[:2]) <= tables["salt_x"]
     # prompt embeds are part of the page too
-    embeds = Extras(prompt_embeds=PromptEmbeds((1,), (b"\x01",)))
+    embeds = Extras(prompt_embeds=spec.PromptEmbeds((1,), (b"\x01",)))
     assert cache.lookup(tokens, embeds) == 0
     cache.check_invariants()
 
@@ -346,7 +324,7 @@ def test_released_shadow_is_reused_before_cached_pages() -> None:
     shadow). Freed, block 1 holds nothing the tree needs: it is reused after the never-used blocks
     and before any cached page, without an eviction. The spec hands out the same ids (it counts
     popping its indexed duplicate as an eviction)."""
-    for cache in (make(2, 4), SpecCache.create(CacheConfig(block_size=2, num_blocks=4))):
+    for cache in (make(2, 4), spec.SpecCache.create(CacheConfig(block_size=2, num_blocks=4))):
         cache.allocate("a", [1, 2])
         assert cache.allocate("b", [1, 2]).block_table == (1,)
         cache.free("b")
@@ -383,40 +361,40 @@ def busy() -> RadixCache:
     return cache
 
 
-ERROR_CASES: list[tuple[str, Any, type[PrefixCacheError]]] = [
-    ("allocate", (True, [1]), InvalidRequestId),
-    ("allocate", (1.5, [], Extras(lora=LoRA("", 0))), InvalidRequestId),
-    ("allocate", ("a", []), DuplicateRequest),
-    ("allocate", ("n", []), InvalidTokens),
-    ("allocate", ("n", [1, True]), InvalidTokens),
-    ("allocate", ("n", [2**32]), InvalidTokens),
-    ("allocate", ("n", [-1]), InvalidTokens),
-    ("allocate", ("n", "abc"), InvalidTokens),
-    ("allocate", ("n", [], "bad extras"), InvalidTokens),
-    ("allocate", ("n", [1, 2], Extras(mm_items=(MultiModalItem("i", 1, 2),))), InvalidExtras),
-    ("allocate", ("n", [1, 2], Extras(cache_salt=3)), InvalidExtras),
-    ("allocate", ("n", [1, 2], "bad extras"), InvalidExtras),
-    ("allocate", ("n", list(range(100, 120))), OutOfBlocks),
-    ("allocate", ("n", list(range(100, 140))), OutOfBlocks),
-    ("append", ("zz", [1]), UnknownRequest),
-    ("append", (None, [1]), InvalidRequestId),
-    ("append", ("a", []), InvalidTokens),
-    ("append", ("a", [1] * 20), OutOfBlocks),
-    ("fork", ("zz", "a"), UnknownRequest),
-    ("fork", ("a", "b"), DuplicateRequest),
-    ("fork", ("a", False), InvalidRequestId),
-    ("fork", ("zz", False), UnknownRequest),
-    ("free", ("zz",), UnknownRequest),
-    ("free", ((1,),), InvalidRequestId),
-    ("lookup", ([],), InvalidTokens),
-    ("lookup", ([1], Extras(mm_items=(MultiModalItem("i", 0, 2),))), InvalidExtras),
-    ("block_table", ("7",), UnknownRequest),
-    ("num_tokens", (True,), InvalidRequestId),
+ERROR_CASES: list[tuple[str, Any, type[spec.PrefixCacheError]]] = [
+    ("allocate", (True, [1]), spec.InvalidRequestId),
+    ("allocate", (1.5, [], Extras(lora=spec.LoRA("", 0))), spec.InvalidRequestId),
+    ("allocate", ("a", []), spec.DuplicateRequest),
+    ("allocate", ("n", []), spec.InvalidTokens),
+    ("allocate", ("n", [1, True]), spec.InvalidTokens),
+    ("allocate", ("n", [2**32]), spec.InvalidTokens),
+    ("allocate", ("n", [-1]), spec.InvalidTokens),
+    ("allocate", ("n", "abc"), spec.InvalidTokens),
+    ("allocate", ("n", [], "bad extras"), spec.InvalidTokens),
+    ("allocate", ("n", [1, 2], Extras(mm_items=(spec.MultiModalItem("i", 1, 2),))), spec.InvalidExtras),
+    ("allocate", ("n", [1, 2], Extras(cache_salt=3)), spec.InvalidExtras),
+    ("allocate", ("n", [1, 2], "bad extras"), spec.InvalidExtras),
+    ("allocate", ("n", list(range(100, 120))), spec.OutOfBlocks),
+    ("allocate", ("n", list(range(100, 140))), spec.OutOfBlocks),
+    ("append", ("zz", [1]), spec.UnknownRequest),
+    ("append", (None, [1]), spec.InvalidRequestId),
+    ("append", ("a", []), spec.InvalidTokens),
+    ("append", ("a", [1] * 20), spec.OutOfBlocks),
+    ("fork", ("zz", "a"), spec.UnknownRequest),
+    ("fork", ("a", "b"), spec.DuplicateRequest),
+    ("fork", ("a", False), spec.InvalidRequestId),
+    ("fork", ("zz", False), spec.UnknownRequest),
+    ("free", ("zz",), spec.UnknownRequest),
+    ("free", ((1,),), spec.InvalidRequestId),
+    ("lookup", ([],), spec.InvalidTokens),
+    ("lookup", ([1], Extras(mm_items=(spec.MultiModalItem("i", 0, 2),))), spec.InvalidExtras),
+    ("block_table", ("7",), spec.UnknownRequest),
+    ("num_tokens", (True,), spec.InvalidRequestId),
 ]
 
 
 @pytest.mark.parametrize(("op", "args", "error"), ERROR_CASES)
-def test_errors_change_nothing(op: str, args: Any, error: type[PrefixCacheError]) -> None:
+def test_errors_change_nothing(op: str, args: Any, error: type[spec.PrefixCacheError]) -> None:
     """Each invalid call raises the spec's error (same precedence) and leaves the whole state,
     as :meth:`RadixCache.state_summary` shows it, unchanged."""
     cache = busy()
@@ -426,14 +404,14 @@ def test_errors_change_nothing(op: str, args: Any, error: type[PrefixCacheError]
     after: RadixSummary = cache.state_summary()
     assert after == before
     cache.check_invariants()
-    spec = SpecCache.create(CacheConfig(block_size=4, num_blocks=8))
-    spec.allocate("a", list(range(10)))
-    spec.fork("a", 7)
-    spec.allocate("tmp", [50, 51, 52, 53, 54])
-    spec.free("tmp")
-    spec.allocate("b", list(range(8)))
+    reference = spec.SpecCache.create(CacheConfig(block_size=4, num_blocks=8))
+    reference.allocate("a", list(range(10)))
+    reference.fork("a", 7)
+    reference.allocate("tmp", [50, 51, 52, 53, 54])
+    reference.free("tmp")
+    reference.allocate("b", list(range(8)))
     with pytest.raises(error):
-        getattr(spec, op)(*args)
+        getattr(reference, op)(*args)
 
 
 def test_reset_prefix_cache() -> None:
@@ -463,9 +441,9 @@ EXTRAS = st.sampled_from(
         NO_EXTRAS,
         NO_EXTRAS,
         Extras(cache_salt="x"),
-        Extras(lora=LoRA("x", 1)),
-        Extras(mm_items=(MultiModalItem("img", 0, 1),)),
-        Extras(mm_items=(MultiModalItem("img", 1, 2),)),
+        Extras(lora=spec.LoRA("x", 1)),
+        Extras(mm_items=(spec.MultiModalItem("img", 0, 1),)),
+        Extras(mm_items=(spec.MultiModalItem("img", 1, 2),)),
     ]
 )
 
@@ -484,7 +462,7 @@ class Tracked:
 
     def content(self, tokens: list[int], extras: Extras, i: int) -> Content:
         end = min(len(tokens), (i + 1) * self.B)
-        return (tuple(tokens[:end]), tuple(block_extra_fields(extras, j, self.B) for j in range(i + 1)))
+        return (tuple(tokens[:end]), tuple(spec.block_extra_fields(extras, j, self.B) for j in range(i + 1)))
 
     def held(self) -> set[int]:
         return {b for _, _, table in self.live.values() for b in table}
@@ -492,8 +470,8 @@ class Tracked:
     def admit(
         self, rid: Any, tokens: list[int], extras: Extras, computed: int, table: tuple[int, ...]
     ) -> None:
-        assert computed % self.B == 0 and computed <= max_hit_blocks(len(tokens), self.B) * self.B
-        assert len(table) == blocks_needed(len(tokens), self.B) and len(set(table)) == len(table)
+        assert computed % self.B == 0 and computed <= spec.max_hit_blocks(len(tokens), self.B) * self.B
+        assert len(table) == spec.blocks_needed(len(tokens), self.B) and len(set(table)) == len(table)
         hits = computed // self.B
         for i in range(hits):  # (2) a hit serves only KV written for this very prefix
             assert self.written.get(table[i]) == self.content(tokens, extras, i), "stale hit"
@@ -509,7 +487,7 @@ class Tracked:
         others = {b for r, (_, _, t) in self.live.items() if r != rid for b in t}
         fresh = [dst for _, dst in copies] + list(table[len(old) :])
         assert not set(fresh) & self.held(), "(1) a held block was handed out"
-        assert list(table[: len(old) - 1]) == old[:-1] and len(table) == blocks_needed(
+        assert list(table[: len(old) - 1]) == old[:-1] and len(table) == spec.blocks_needed(
             len(tokens) + len(new), self.B
         )
         first = len(tokens) // self.B
@@ -528,14 +506,14 @@ class VersusSpec(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.radix: RadixCache | None = None
-        self.spec: SpecCache | None = None
+        self.spec: spec.SpecCache | None = None
         self.model = Tracked(1)
 
     @initialize(block_size=st.integers(1, 4))
     def create(self, block_size: int) -> None:
         config = CacheConfig(block_size=block_size, num_blocks=1024)
         self.radix = RadixCache.create(config)
-        self.spec = SpecCache.create(config)
+        self.spec = spec.SpecCache.create(config)
         self.model = Tracked(block_size)
 
     def both(self, op: str, *args: Any) -> tuple[Any, Any]:
@@ -544,11 +522,11 @@ class VersusSpec(RuleBasedStateMachine):
         want: Any
         try:
             got = getattr(self.radix, op)(*args)
-        except PrefixCacheError as exc:
+        except spec.PrefixCacheError as exc:
             got = type(exc)
         try:
             want = getattr(self.spec, op)(*args)
-        except PrefixCacheError as exc:
+        except spec.PrefixCacheError as exc:
             want = type(exc)
         assert got == want, (op, args, got, want)
         return got, want
@@ -633,19 +611,19 @@ class UnderPressure(RuleBasedStateMachine):
         cache = self.cache
         assert cache is not None
         if rid in self.model.live:
-            with pytest.raises(DuplicateRequest):
+            with pytest.raises(spec.DuplicateRequest):
                 cache.allocate(rid, tokens, extras)
             return
         try:
             hit = cache.lookup(tokens, extras)
-        except InvalidExtras:
+        except spec.InvalidExtras:
             return
         free = cache.num_free_blocks()
         before = cache.state_summary()
-        need = blocks_needed(len(tokens), self.model.B) - hit // self.model.B
+        need = spec.blocks_needed(len(tokens), self.model.B) - hit // self.model.B
         try:
             alloc = cache.allocate(rid, tokens, extras)
-        except OutOfBlocks as err:
+        except spec.OutOfBlocks as err:
             assert cache.state_summary() == before
             assert err.needed == need and free - hit // self.model.B <= err.available <= free
             assert need > err.available
@@ -663,7 +641,7 @@ class UnderPressure(RuleBasedStateMachine):
         before = cache.state_summary()
         try:
             res = cache.append(rid, tokens)
-        except OutOfBlocks as err:
+        except spec.OutOfBlocks as err:
             assert cache.state_summary() == before
             assert err.needed > cache.num_free_blocks() == err.available
             return
