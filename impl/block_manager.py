@@ -224,8 +224,11 @@ class BlockManager(KeyedPool[_Request]):
         memo = self._memo
         if memo is not None and memo[1] == extras and memo[0] == tokens:
             return memo[2]
-        size = self._block_size
-        whole = len(tokens) - len(tokens) % size
+        return self._prompt_keys(tokens, extras)
+
+    def _prompt_keys(self, tokens: array[int], extras: Extras) -> list[bytes]:
+        """Keys of every full block of a parsed prompt, hashed now."""
+        whole = len(tokens) - len(tokens) % self._block_size
         return self._chain(self.root, token_bytes(tokens[:whole]), extras, 0)
 
     def block_keys(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> list[bytes]:
@@ -237,8 +240,7 @@ class BlockManager(KeyedPool[_Request]):
             return []
         buf = parse_tokens(tokens)
         check_extras(extras, len(buf))
-        whole = len(buf) - len(buf) % self._block_size
-        return self._chain(self.root, token_bytes(buf[:whole]), extras, 0)
+        return self._prompt_keys(buf, extras)
 
     # ----- the cached index ---------------------------------------------------------------------
 

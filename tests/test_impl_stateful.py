@@ -216,26 +216,9 @@ class ImplMachine(RuleBasedStateMachine):
         hash_algo=st.sampled_from(("weak8", *spec.HASH_ALGOS)),
         hash_seed=st.sampled_from([0, 2**64 - 1, 12345]),
     )
-    def setup(
-        self,
-        block_size: int,
-        num_blocks: int,
-        free_order: str,
-        dedup_on_full: bool,
-        verify_tokens: bool,
-        hash_algo: str,
-        hash_seed: int,
-    ) -> None:
-        config = CacheConfig(
-            block_size=block_size,
-            num_blocks=num_blocks,
-            hash_algo=hash_algo,
-            hash_seed=hash_seed,
-            free_order=free_order,
-            dedup_on_full=dedup_on_full,
-            verify_tokens=verify_tokens,
-        )
-        self.block_size = block_size
+    def setup(self, **fields: Any) -> None:
+        config = CacheConfig(**fields)
+        self.block_size = config.block_size
         self.spec = spec.SpecCache.create(config, events=True)
         self.impl = type(self).impl_factory(config, events=True)
         assert self.impl.root == self.spec.root and self.impl.hash_seed == self.spec.hash_seed
