@@ -12,12 +12,10 @@ prints goes to stderr: stdout carries only replies.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Callable
+from typing import Any
 
-from pagedprefix.conformance.jsonl_server import Server
-from pagedprefix.conformance.protocol import EngineUnavailable
+from pagedprefix.conformance.jsonl_server import JsonLinesServer, serve_worker
 from pagedprefix.spec.events import batch_from_json
 
 from .conform import IndexerFactory
@@ -26,43 +24,31 @@ from .jsonl import PROTOCOL, PROTOCOL_VERSION, Json, cached_keys_from_json, conf
 from .load import load_indexer
 
 
-class IndexerServer(Server):
+class IndexerServer(JsonLinesServer):
     """Dispatches indexer-protocol requests to indexers built by ``factory``."""
 
     def __init__(self, factory: IndexerFactory | None, load_error: str = "") -> None:
-        super().__init__(None, load_error)
+        super().__init__(factory is not None, load_error)
         self.indexer_factory = factory
-        self.indexers: dict[int, KVIndexer] = {}
 
-    def _indexer(self, params: dict[str, Json]) -> KVIndexer:
-        handle = params.get("handle")
-        indexer = self.indexers.get(handle) if isinstance(handle, int) else None
-        if indexer is None:
-            raise ValueError(f"unknown handle {handle!r}")
-        return indexer
+    @property
+    def indexers(self) -> dict[int, KVIndexer]:
+        return self.objects
 
-    def _drop(self, handle: Json) -> None:
-        indexer = self.indexers.pop(handle)
-        close = getattr(indexer, "close", None)
+    def hello(self) -> Json:
+        return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
+
+    def create(self, params: dict[str, Json]) -> Json:
+        assert self.indexer_factory is not None
+        return {"handle": self.new_handle(self.indexer_factory(config_from_json(params["config"])))}
+
+    def close(self, obj: Any) -> None:
+        close = getattr(obj, "close", None)
         if callable(close):
             close()
 
-    def handle(self, method: str, params: dict[str, Json]) -> Json:
-        """The result of one request (raises what the indexer raises)."""
-        if method == "shutdown":
-            return super().handle(method, params)  # ends serve()
-        if self.indexer_factory is None:
-            raise EngineUnavailable(self.load_error)
-        if method == "hello":
-            return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
-        if method == "create":
-            handle = self.next_handle
-            self.next_handle += 1
-            self.indexers[handle] = self.indexer_factory(config_from_json(params["config"]))
-            return {"handle": handle}
-        indexer = self._indexer(params)
-        ops: dict[str, Callable[[], Json]] = {
-            "drop": lambda: self._drop(params["handle"]),
+    def methods(self, indexer: KVIndexer, params: dict[str, Json]) -> dict[str, Callable[[], Json]]:
+        return {
             "events": lambda: {"resync": bool(indexer.events(str(params["source"]),
                                                              batch_from_json(params["batch"])))},
             "resync": lambda: indexer.resync(str(params["source"]), int(params["seq"]),
@@ -71,9 +57,6 @@ class IndexerServer(Server):
                 [[bytes.fromhex(k) for k in group] for group in params["keys"]], int(params["num_tokens"])
             ))},
         }
-        if method not in ops:
-            raise ValueError(f"unknown method {method!r}")
-        return ops[method]()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,20 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--indexer", default="reference",
                         help="reference or module:factory (default: reference)")
     args = parser.parse_args(argv)
-    if os.environ.get("PAGEDPREFIX_WORKER") and sys.path and sys.path[0] in ("", os.getcwd()):
-        del sys.path[0]  # ``python -m`` put the working directory first; it is searched last instead
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the indexer's prints must not reach the replies
-    factory: IndexerFactory | None = None
-    error = ""
-    try:
-        factory = load_indexer(args.indexer)
-    except EngineUnavailable as exc:
-        error = str(exc)
-    except Exception as exc:  # an indexer module that fails to import for any reason
-        error = f"indexer {args.indexer!r}: {type(exc).__name__}: {exc}"
-    IndexerServer(factory, error).serve(sys.stdin, replies)
-    return 0
+    return serve_worker("indexer", args.indexer, lambda: load_indexer(args.indexer), IndexerServer)
 
 
 if __name__ == "__main__":

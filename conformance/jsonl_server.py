@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from pagedprefix.spec.events import batch_to_json
 
@@ -27,53 +27,175 @@ from .event_check import cached_keys_json
 from .protocol import AdapterFactory, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from .subprocess_adapter import PROTOCOL, PROTOCOL_VERSION
 
+F = TypeVar("F")
+
 
 class _Shutdown(Exception):
     pass
 
 
-class Server:
+class JsonLinesServer:
+    """The core of a JSON-lines server: the request loop, the framing (one request a line, one
+    reply a line, in order), the error replies, and the handles of the objects ``create`` makes.
+
+    A subclass names its protocol in :meth:`hello`, builds an object in :meth:`create` and lists
+    the methods an object answers in :meth:`methods`; ``shutdown`` ends :meth:`serve`, and every
+    request but ``shutdown`` answers ``EngineUnavailable`` when the object's module failed to load
+    (``loaded`` false). The engine server (:class:`Server`) and the indexer server
+    (``pagedprefix.cluster.jsonl_server``) are the two."""
+
+    def __init__(self, loaded: bool, load_error: str = "") -> None:
+        self.loaded = loaded
+        self.load_error = load_error
+        self.objects: dict[int, Any] = {}
+        self.next_handle = 1
+
+    def hello(self) -> Json:
+        raise NotImplementedError
+
+    def create(self, params: dict[str, Json]) -> Json:
+        raise NotImplementedError
+
+    def methods(self, obj: Any, params: dict[str, Json]) -> dict[str, Callable[[], Json]]:
+        raise NotImplementedError
+
+    def close(self, obj: Any) -> None:
+        """Release one object (``drop``, and every object left when :meth:`serve` ends)."""
+
+    def new_handle(self, obj: Any) -> int:
+        handle = self.next_handle
+        self.next_handle += 1
+        self.objects[handle] = obj
+        return handle
+
+    def lookup(self, params: dict[str, Json]) -> Any:
+        handle = params.get("handle")
+        obj = self.objects.get(handle) if isinstance(handle, int) else None
+        if obj is None:
+            raise ValueError(f"unknown handle {handle!r}")
+        return obj
+
+    def drop(self, params: dict[str, Json]) -> None:
+        self.lookup(params)
+        self.close(self.objects.pop(params["handle"]))  # type: ignore[arg-type]
+
+    def handle(self, method: str, params: dict[str, Json]) -> Json:
+        """The result of one request (raises what the object raises)."""
+        if method == "shutdown":
+            raise _Shutdown
+        if not self.loaded:
+            raise EngineUnavailable(self.load_error)
+        if method == "hello":
+            return self.hello()
+        if method == "create":
+            return self.create(params)
+        if method == "drop":
+            self.drop(params)
+            return None
+        ops = self.methods(self.lookup(params), params)
+        if method not in ops:
+            raise ValueError(f"unknown method {method!r}")
+        return ops[method]()
+
+    def serve(self, stdin: IO[str], stdout: IO[str]) -> None:
+        """Answer requests until ``shutdown`` or end of input."""
+        for line in stdin:
+            if not line.strip():
+                continue
+            rid: Json = None
+            try:
+                request = json.loads(line)
+                rid = request.get("id")
+                reply: dict[str, Json] = {
+                    "id": rid,
+                    "result": self.handle(request["method"], request.get("params") or {}),
+                }
+            except _Shutdown:
+                stdout.write(json.dumps({"id": rid, "result": None}) + "\n")
+                stdout.flush()
+                break
+            except Exception as exc:
+                reply = {"id": rid, "error": error_reply(exc)}
+            stdout.write(json.dumps(reply) + "\n")
+            stdout.flush()
+        for obj in self.objects.values():
+            self.close(obj)
+
+
+def error_reply(exc: BaseException) -> dict[str, Json]:
+    """The ``error`` of a reply: its kind, message, the engine's traceback for an ``EngineError``,
+    and ``OutOfBlocks``'s fields."""
+    kind = error_kind(exc) or _other_kind(exc)
+    err: dict[str, Json] = {
+        "kind": kind,
+        "message": f"{type(exc).__name__}: {exc}" if kind == "EngineError" else str(exc),
+    }
+    if kind == "EngineError":
+        err["traceback"] = traceback.format_exc()
+    for name in ("needed", "available", "never_fits"):
+        if hasattr(exc, name):
+            err[name] = getattr(exc, name)
+    return err
+
+
+def _other_kind(exc: BaseException) -> str:
+    if isinstance(exc, UnsupportedConfig):
+        return "UnsupportedConfig"
+    if isinstance(exc, EngineUnavailable):
+        return "EngineUnavailable"
+    return "EngineError"
+
+
+def serve_worker(
+    what: str, name: str, load: Callable[[], F], server: Callable[[F | None, str], JsonLinesServer]
+) -> int:
+    """Serve stdin to stdout with the server ``server(loaded, error)`` over the ``what`` (engine,
+    indexer) named ``name``, as the worker process: whatever it prints goes to stderr, stdout
+    carries only replies, and a load failure becomes ``hello``'s ``EngineUnavailable``."""
+    if os.environ.get("PAGEDPREFIX_WORKER") and sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]  # ``python -m`` put the working directory first; it is searched last instead
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the object's prints must not reach the replies
+    loaded: F | None = None
+    error = ""
+    try:
+        loaded = load()
+    except EngineUnavailable as exc:
+        error = str(exc)
+    except Exception as exc:  # a module that fails to import for any reason
+        error = f"{what} {name!r}: {type(exc).__name__}: {exc}"
+    server(loaded, error).serve(sys.stdin, replies)
+    return 0
+
+
+class Server(JsonLinesServer):
     """Dispatches protocol requests to adapters built by ``factory``."""
 
     def __init__(self, factory: AdapterFactory | None, load_error: str = "") -> None:
+        super().__init__(factory is not None, load_error)
         self.factory = factory
-        self.load_error = load_error
-        self.caches: dict[int, PrefixCacheAdapter] = {}
         self.num_blocks: dict[int, int] = {}
-        self.next_handle = 1
 
-    def _cache(self, params: dict[str, Json]) -> PrefixCacheAdapter:
-        handle = params.get("handle")
-        cache = self.caches.get(handle) if isinstance(handle, int) else None
-        if cache is None:
-            raise ValueError(f"unknown handle {handle!r}")
-        return cache
+    @property
+    def caches(self) -> dict[int, PrefixCacheAdapter]:
+        return self.objects
 
-    def handle(self, method: str, params: dict[str, Json]) -> Json:
-        """The result of one request (raises what the engine raises)."""
-        if method == "hello":
-            if self.factory is None:
-                raise EngineUnavailable(self.load_error)
-            return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
-        if method == "shutdown":
-            raise _Shutdown
-        if self.factory is None:
-            raise EngineUnavailable(self.load_error)
-        if method == "create":
-            config = config_from_json(params["config"])
-            adapter = self.factory(config)
-            handle = self.next_handle
-            self.next_handle += 1
-            self.caches[handle] = adapter
-            self.num_blocks[handle] = config.num_blocks
-            return {"handle": handle, "capabilities": adapter.capabilities.to_json()}
-        if method == "drop":
-            adapter = self._cache(params)
-            del self.caches[params["handle"]]
-            close_adapter(adapter)
-            return None
-        cache = self._cache(params)
-        ops: dict[str, Callable[[], Json]] = {
+    def hello(self) -> Json:
+        return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
+
+    def create(self, params: dict[str, Json]) -> Json:
+        assert self.factory is not None
+        config = config_from_json(params["config"])
+        adapter = self.factory(config)
+        handle = self.new_handle(adapter)
+        self.num_blocks[handle] = config.num_blocks
+        return {"handle": handle, "capabilities": adapter.capabilities.to_json()}
+
+    def close(self, obj: Any) -> None:
+        close_adapter(obj)
+
+    def methods(self, cache: PrefixCacheAdapter, params: dict[str, Json]) -> dict[str, Callable[[], Json]]:
+        return {
             "allocate": lambda: self._allocation(
                 cache.allocate(params["request_id"], params["tokens"], extras_from_json(params.get("extras")))
             ),
@@ -101,39 +223,28 @@ class Server:
             "take_events": lambda: {"batches": self._events(cache)},
             "cached_keys": lambda: {"cached_keys": cached_keys_json(cache.cached_keys())},  # type: ignore[attr-defined]
         }
-        if method not in ops:
-            raise ValueError(f"unknown method {method!r}")
-        return ops[method]()
 
     @staticmethod
     def _observe(cache: PrefixCacheAdapter, num_blocks: int, params: dict[str, Json]) -> Json:
         out: dict[str, Json] = {"num_free_blocks": cache.num_free_blocks()}
         ids = params.get("request_ids") or []
-        if params.get("groups"):
-            group_tables = [[rid, Server._tables(cache.block_tables(rid))] for rid in ids]  # type: ignore[attr-defined]
-            out["group_tables"] = group_tables
-            if params.get("ref_cnt"):
-                out["ref_cnt"] = [cache.ref_cnt(b) for b in range(num_blocks)]
-            if params.get("free_blocks"):
-                out["free_blocks"] = list(cache.free_blocks())
-            if params.get("keys"):
-                out["keys"] = [
-                    [rid, [[None if b is None else Server._hex(cache.block_hash(b)) for b in t] for t in per]]
-                    for rid, per in group_tables
-                ]
-            if params.get("events"):  # per group (SEMANTICS.md section 9)
-                out["cached_keys"] = cached_keys_json(cache.cached_keys())  # type: ignore[attr-defined]
-                out["events"] = Server._events(cache)
-            return out
-        tables = [[rid, list(cache.block_table(rid))] for rid in ids]
-        out["tables"] = tables
+        grouped = bool(params.get("groups"))  # one table per group (protocol 3)
+        if grouped:
+            tables = [[rid, Server._tables(cache.block_tables(rid))] for rid in ids]  # type: ignore[attr-defined]
+        else:
+            tables = [[rid, list(cache.block_table(rid))] for rid in ids]
+        out["group_tables" if grouped else "tables"] = tables
         if params.get("ref_cnt"):
             out["ref_cnt"] = [cache.ref_cnt(b) for b in range(num_blocks)]
         if params.get("free_blocks"):
             out["free_blocks"] = list(cache.free_blocks())
         if params.get("keys"):
-            out["keys"] = [[rid, [Server._hex(cache.block_hash(b)) for b in table]] for rid, table in tables]
-        if params.get("events"):
+
+            def hexes(table: Any) -> Json:
+                return [None if b is None else Server._hex(cache.block_hash(b)) for b in table]
+
+            out["keys"] = [[rid, [hexes(t) for t in per] if grouped else hexes(per)] for rid, per in tables]
+        if params.get("events"):  # per group (SEMANTICS.md section 9)
             out["cached_keys"] = cached_keys_json(cache.cached_keys())  # type: ignore[attr-defined]
             out["events"] = Server._events(cache)
         return out
@@ -175,48 +286,6 @@ class Server:
     def _hex(value: bytes | None) -> str | None:
         return None if value is None else value.hex()
 
-    def serve(self, stdin: IO[str], stdout: IO[str]) -> None:
-        """Answer requests until ``shutdown`` or end of input."""
-        for line in stdin:
-            if not line.strip():
-                continue
-            rid: Json = None
-            try:
-                request = json.loads(line)
-                rid = request.get("id")
-                reply: dict[str, Json] = {
-                    "id": rid,
-                    "result": self.handle(request["method"], request.get("params") or {}),
-                }
-            except _Shutdown:
-                stdout.write(json.dumps({"id": rid, "result": None}) + "\n")
-                stdout.flush()
-                break
-            except Exception as exc:
-                kind = error_kind(exc) or _other_kind(exc)
-                err: dict[str, Json] = {
-                    "kind": kind,
-                    "message": f"{type(exc).__name__}: {exc}" if kind == "EngineError" else str(exc),
-                }
-                if kind == "EngineError":
-                    err["traceback"] = traceback.format_exc()
-                for name in ("needed", "available", "never_fits"):
-                    if hasattr(exc, name):
-                        err[name] = getattr(exc, name)
-                reply = {"id": rid, "error": err}
-            stdout.write(json.dumps(reply) + "\n")
-            stdout.flush()
-        for adapter in self.caches.values():
-            close_adapter(adapter)
-
-
-def _other_kind(exc: BaseException) -> str:
-    if isinstance(exc, UnsupportedConfig):
-        return "UnsupportedConfig"
-    if isinstance(exc, EngineUnavailable):
-        return "EngineUnavailable"
-    return "EngineError"
-
 
 def main(argv: list[str] | None = None) -> int:
     from .suite import load_engine
@@ -226,20 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--engine", default="spec", help="impl, spec or module:factory (default: spec)")
     args = parser.parse_args(argv)
-    if os.environ.get("PAGEDPREFIX_WORKER") and sys.path and sys.path[0] in ("", os.getcwd()):
-        del sys.path[0]  # ``python -m`` put the working directory first; it is searched last instead
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the engine's prints must not reach the replies
-    factory: AdapterFactory | None = None
-    error = ""
-    try:
-        factory = load_engine(args.engine, isolate=False)
-    except EngineUnavailable as exc:
-        error = str(exc)
-    except Exception as exc:  # an engine module that fails to import for any reason
-        error = f"engine {args.engine!r}: {type(exc).__name__}: {exc}"
-    Server(factory, error).serve(sys.stdin, replies)
-    return 0
+    return serve_worker("engine", args.engine, lambda: load_engine(args.engine, isolate=False), Server)
 
 
 if __name__ == "__main__":
