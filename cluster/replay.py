@@ -55,6 +55,7 @@ from pagedprefix.replay.sim import (
     ReplayResult,
     Scheduler,
     decode_starts,
+    scheduler_steps,
     unbounded_blocks,
 )
 from pagedprefix.replay.synth import prompt_tokens
@@ -469,31 +470,20 @@ def run_cluster(
 
 def _drive(cluster: _Cluster, reqs: Sequence[TraceRequest], step_ms: float, restarts: dict[int, list[int]],
            transport: Transport, result: ClusterResult, progress: ProgressFn | None) -> None:
-    """The clock: arrivals (restarts first, then routing), one step of every replica, publication."""
-    n = len(reqs)
-    next_arrival, clock, reported = 0, 0.0, 0
+    """The replay's clock over every replica: at each arrival, restarts first, then routing; then
+    one step of every replica, and publication."""
 
-    def busy() -> bool:
-        return any(r.sched.busy for r in cluster.replicas)
+    def arrive(i: int) -> None:
+        for replica_index in restarts.get(i, []):
+            cluster.restart(cluster.replicas[replica_index])
+        cluster.replicas[cluster.route(i, transport)].sched.enqueue(i)
 
-    while next_arrival < n or busy():
-        if not busy() and next_arrival < n:
-            clock = max(clock, float(reqs[next_arrival].timestamp))
-        while next_arrival < n and reqs[next_arrival].timestamp <= clock:
-            for replica_index in restarts.get(next_arrival, []):
-                cluster.restart(cluster.replicas[replica_index])
-            r = cluster.route(next_arrival, transport)
-            cluster.replicas[r].sched.enqueue(next_arrival)
-            next_arrival += 1
+    for clock in scheduler_steps(reqs, step_ms, lambda: any(r.sched.busy for r in cluster.replicas), arrive,
+                                 lambda: sum(r.sched.finished for r in cluster.replicas), progress):
         cluster.step(clock, transport)
         result.steps += 1
-        clock += step_ms
-        finished = sum(r.sched.finished for r in cluster.replicas)
-        if progress is not None and finished >= reported + 64:
-            reported = finished
-            progress(finished, n)
     if progress is not None:
-        progress(n, n)
+        progress(len(reqs), len(reqs))
 
 
 def _settle(cluster: _Cluster, reqs: Sequence[TraceRequest], result: ClusterResult) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -468,6 +468,39 @@ class Scheduler:
             result.bound_block_hit_rate = bound.block_hit_rate
 
 
+def scheduler_steps(requests: Sequence[TraceRequest], step_ms: float | None, busy: Callable[[], bool],
+                    arrive: Callable[[int], None], finished: Callable[[], int],
+                    progress: ProgressFn | None = None) -> Iterator[float]:
+    """The replay's clock, shared by one scheduler (:func:`run_replay`) and a cluster's replicas:
+    yields the simulated ms of each scheduler step, once ``arrive(i)`` has been called for every
+    request ``i`` that has arrived by then, until every request has arrived and none is ``busy``.
+
+    Without ``step_ms`` every request arrives before the first step (the clock stays 0); with it,
+    requests arrive at their timestamps, each step advances the clock by ``step_ms`` and an idle
+    scheduler jumps to the next arrival. ``progress(finished(), n)`` is called every 64 finished
+    requests; the caller runs the step's admissions and decodes."""
+    n = len(requests)
+    next_arrival, clock, reported = 0, 0.0, 0
+    while next_arrival < n or busy():
+        if step_ms is None:
+            for i in range(next_arrival, n):
+                arrive(i)
+            next_arrival = n
+        else:
+            if not busy() and next_arrival < n:
+                clock = max(clock, float(requests[next_arrival].timestamp))
+            while next_arrival < n and requests[next_arrival].timestamp <= clock:
+                arrive(next_arrival)
+                next_arrival += 1
+        yield clock
+        if step_ms is not None:
+            clock += step_ms
+        done = finished()
+        if progress is not None and done >= reported + 64:
+            reported = done
+            progress(done, n)
+
+
 def run_replay(
     requests: Sequence[TraceRequest],
     config: ReplayConfig,
@@ -509,31 +542,13 @@ def run_replay(
         retention=config.retention if config.groups is not None else "",
     )
     sched = Scheduler(ex, reqs, config, result, decode_starts(reqs, config))
-    next_arrival = 0
-    clock = 0.0
-    reported = 0
     t0 = time.perf_counter()
     try:
-        while next_arrival < n or sched.busy:
-            # Arrivals.
-            if config.step_ms is None:
-                for i in range(next_arrival, n):
-                    sched.enqueue(i)
-                next_arrival = n
-            else:
-                if not sched.busy and next_arrival < n:
-                    clock = max(clock, float(reqs[next_arrival].timestamp))
-                while next_arrival < n and reqs[next_arrival].timestamp <= clock:
-                    sched.enqueue(next_arrival)
-                    next_arrival += 1
+        for clock in scheduler_steps(reqs, config.step_ms, lambda: sched.busy, sched.enqueue,
+                                     lambda: sched.finished, progress):
             sched.admit(clock)
             sched.decode()
-            if progress is not None and sched.finished >= reported + 64:
-                reported = sched.finished
-                progress(sched.finished, n)
             result.steps += 1
-            if config.step_ms is not None:
-                clock += config.step_ms
     except ReplayStopped:
         pass
     finally:
