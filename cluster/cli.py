@@ -30,7 +30,14 @@ from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOU
 from pagedprefix.conformance.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
 from pagedprefix.conformance.watchdog import EngineHung
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, set_cluster_hook
-from pagedprefix.replay.cli_common import PLOT_HINT, _progress, fail, output_problem, plot_problem
+from pagedprefix.replay.cli_common import (
+    PLOT_HINT,
+    _progress,
+    fail,
+    output_problem,
+    plot_problem,
+    write_outputs,
+)
 from pagedprefix.replay.sim import ReplayConfig
 from pagedprefix.replay.trace import TraceError, load_trace
 from pagedprefix.spec import PrefixCacheError
@@ -262,17 +269,9 @@ def _run_capacity(job: ReplayJob, config: ReplayConfig, options: ClusterOptions,
 
 def _write(rows: list[dict[str, Any]], csv_path: Path | None, json_path: Path | None,
            plot: Path | None) -> None:
-    writers = ((csv_path, "--csv", write_rows_csv), (json_path, "--json", write_rows_json),
-               (plot, "--plot", write_rows_plot))
-    for path, option, write in writers:
-        if path is None:
-            continue
-        try:
-            write(rows, path)
-        except OSError as exc:
-            raise fail(REPLAY, f"{option} {path}: cannot write: {exc}") from None
-        except ImportError:
-            raise fail(REPLAY, PLOT_HINT) from None
+    write_outputs(REPLAY, [(csv_path, "--csv", lambda p: write_rows_csv(rows, p)),
+                           (json_path, "--json", lambda p: write_rows_json(rows, p)),
+                           (plot, "--plot", lambda p: write_rows_plot(rows, p))])
 
 
 _H_AXIS = "comma list: one cell per value (the replay's own option; not given: the replay's default)"

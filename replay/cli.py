@@ -28,13 +28,13 @@ from pagedprefix.spec.groups import check_groups
 from rich.console import Console
 
 from .cli_common import (
-    PLOT_HINT,
     _progress,
     fail,
     memory_problem,
     output_problem,
     parse_capacities,
     plot_problem,
+    write_outputs,
 )
 from .compare import register as register_compare
 from .divergence import Divergence
@@ -318,19 +318,9 @@ def _report_bad_lines(console: Console, trace: str, bad_lines: list[BadLine]) ->
 def _write_outputs(results: list[ReplayResult], csv_path: Path | None, json_path: Path | None,
                    plot: Path | None) -> None:
     """Write the files asked for (their directories were checked before the work)."""
-    writers = ((csv_path, "--csv", write_csv), (json_path, "--json", write_json),
-               (plot, "--plot", write_plot))
-    for path, option, write in writers:
-        if path is None:
-            continue
-        try:
-            write(results, path)
-        except OSError as exc:
-            raise fail(COMMAND, f"{option} {path}: cannot write: {exc}") from None
-        except ImportError:
-            raise fail(COMMAND, PLOT_HINT) from None
-        except ValueError as exc:  # e.g. a file type matplotlib cannot write
-            raise fail(COMMAND, f"{option} {path}: {exc}") from None
+    write_outputs(COMMAND, [(csv_path, "--csv", lambda p: write_csv(results, p)),
+                            (json_path, "--json", lambda p: write_json(results, p)),
+                            (plot, "--plot", lambda p: write_plot(results, p))])
 
 
 def register(app: typer.Typer) -> None:

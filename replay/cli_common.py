@@ -7,7 +7,7 @@ text, not rich markup, so a path or a hint such as ``pagedprefix[plot]`` is prin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +21,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .engines import builtin_bytes_per_block
 from .sim import ProgressFn
 
-__all__ = ["PLOT_HINT", "fail", "memory_problem", "output_problem", "parse_capacities", "plot_problem"]
+__all__ = [
+    "PLOT_HINT", "fail", "memory_problem", "output_problem", "parse_capacities", "plot_problem",
+    "write_outputs",
+]
 
 PLOT_HINT = ("--plot needs matplotlib (the plot extra): pip install 'pagedprefix[plot]', "
              "or pip install matplotlib")
@@ -33,6 +36,22 @@ def fail(command: str, message: object, code: int = 2) -> typer.Exit:
     text = " ".join(str(message).split())
     typer.echo(f"pagedprefix {command}: error: {text}", err=True)
     return typer.Exit(code)
+
+
+def write_outputs(command: str, writers: Iterable[tuple[Path | None, str, Callable[[Path], None]]]) -> None:
+    """Write each ``(path, option, write)`` asked for (``path`` given; its directory was checked
+    before the work); a failure ends ``command`` with one line naming the option and the path."""
+    for path, option, write in writers:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as exc:
+            raise fail(command, f"{option} {path}: cannot write: {exc}") from None
+        except ImportError:
+            raise fail(command, PLOT_HINT) from None
+        except ValueError as exc:  # e.g. a file type matplotlib cannot write
+            raise fail(command, f"{option} {path}: {exc}") from None
 
 
 def parse_capacities(text: str) -> list[int | None]:

@@ -66,13 +66,13 @@ from rich.table import Table
 from rich.text import Text
 
 from .cli_common import (
-    PLOT_HINT,
     _progress,
     fail,
     memory_problem,
     output_problem,
     parse_capacities,
     plot_problem,
+    write_outputs,
 )
 from .engines import EngineFactory, EngineUnavailable, ReplayEngine, load_factory, num_evictions
 from .report import CSV_FIELDS, monotonicity_violations
@@ -760,22 +760,9 @@ def _check_memory(loaded: dict[str, Sequence[TraceRequest]], capacities: list[in
 def _write_outputs(runs: list[EngineRun], settings: dict[str, Any], csv_path: Path | None,
                    json_path: Path | None, plot: Path | None) -> None:
     """Write the files asked for (their directories were checked before the work)."""
-    writers: list[tuple[Path | None, str, Callable[[Path], None]]] = [
-        (csv_path, "--csv", lambda p: write_compare_csv(runs, p)),
-        (json_path, "--json", lambda p: write_compare_json(runs, p, settings)),
-        (plot, "--plot", lambda p: write_compare_plot(runs, p)),
-    ]
-    for path, option, write in writers:
-        if path is None:
-            continue
-        try:
-            write(path)
-        except OSError as exc:
-            raise fail(COMMAND, f"{option} {path}: cannot write: {exc}") from None
-        except ImportError:
-            raise fail(COMMAND, PLOT_HINT) from None
-        except ValueError as exc:  # e.g. a file type matplotlib cannot write
-            raise fail(COMMAND, f"{option} {path}: {exc}") from None
+    write_outputs(COMMAND, [(csv_path, "--csv", lambda p: write_compare_csv(runs, p)),
+                            (json_path, "--json", lambda p: write_compare_json(runs, p, settings)),
+                            (plot, "--plot", lambda p: write_compare_plot(runs, p))])
 
 
 def register(app: typer.Typer) -> None:
