@@ -39,10 +39,7 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
-import tracemalloc
-import types
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -51,15 +48,7 @@ from typing import Annotated, Any
 
 import typer
 from pagedprefix.conformance.supervise import supervised_command
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    Allocation,
-    AppendResult,
-    CacheConfig,
-    Extras,
-    PrefixCacheError,
-    RequestId,
-)
+from pagedprefix.spec import CacheConfig, PrefixCacheError
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -74,7 +63,8 @@ from .cli_common import (
     plot_problem,
     write_outputs,
 )
-from .engines import EngineFactory, EngineUnavailable, ReplayEngine, load_factory, num_evictions
+from .engines import EngineUnavailable, ReplayEngine, load_factory
+from .measure import TimedEngine, cache_census, drop_transient, reachable_bytes, traced_metadata_bytes
 from .report import CSV_FIELDS, monotonicity_violations
 from .sim import ProgressFn, ReplayConfig, ReplayResult, run_replay, unbounded_blocks
 from .trace import BUILTIN_TRACES, TraceError, TraceRequest, load_trace
@@ -107,8 +97,6 @@ DEFAULT_TRACES = "conversation,synthetic"
 DEFAULT_CAPACITIES = "4000,32000,256000,1000000"
 DEFAULT_LIMIT = 2000
 MEMORY_METHODS: tuple[str, ...] = ("walk", "tracemalloc", "none")
-TRANSIENT_ATTRS: tuple[str, ...] = ("_memo",)
-"""Engine attributes cleared before measuring memory: caches of the last request, not per-block state."""
 
 
 @dataclass(frozen=True)
@@ -129,163 +117,6 @@ ENGINES: tuple[EngineSpec, ...] = (
     EngineSpec("hash/append_all", "impl", "append_all"),
     EngineSpec("radix", "radix", None),
 )
-
-
-class TimedEngine:
-    """Forwards the replay's operations to ``inner`` and sums the seconds spent inside them, read
-    from ``clock`` (``time.perf_counter``, wall seconds; ``time.process_time`` counts this process's
-    CPU seconds only, which a busy neighbour on a shared machine does not inflate)."""
-
-    def __init__(self, inner: ReplayEngine, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.inner = inner
-        self.seconds = 0.0
-        self.calls = 0
-        self._clock = clock
-
-    def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> Allocation:
-        t0 = self._clock()
-        try:
-            return self.inner.allocate(request_id, tokens, extras)
-        finally:
-            self.seconds += self._clock() - t0
-            self.calls += 1
-
-    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
-        t0 = self._clock()
-        try:
-            return self.inner.append(request_id, tokens)
-        finally:
-            self.seconds += self._clock() - t0
-            self.calls += 1
-
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        t0 = self._clock()
-        try:
-            self.inner.fork(parent_id, child_id)
-        finally:
-            self.seconds += self._clock() - t0
-            self.calls += 1
-
-    def free(self, request_id: RequestId) -> None:
-        t0 = self._clock()
-        try:
-            self.inner.free(request_id)
-        finally:
-            self.seconds += self._clock() - t0
-            self.calls += 1
-
-    def num_free_blocks(self) -> int:
-        return self.inner.num_free_blocks()
-
-    @property
-    def num_evictions(self) -> int | None:
-        return num_evictions(self.inner)
-
-
-# ----- memory -------------------------------------------------------------------------------------
-
-_SHARED_TYPES: tuple[type, ...] = (
-    type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-    types.MethodDescriptorType, types.WrapperDescriptorType, types.CodeType, type(None), bool,
-)
-_LEAF_TYPES: frozenset[type] = frozenset((int, float, bytes, str))
-
-
-def _single_owner_refcount() -> int:
-    """What ``sys.getrefcount`` reads, inside a loop over ``gc.get_referents``, for an object that
-    exactly one container references (the walk below loops the same way)."""
-    holder = [int("1000001")]  # a fresh int object that only ``holder`` references
-    for obj in gc.get_referents(holder):
-        return sys.getrefcount(obj)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def reachable_bytes(root: object) -> int:
-    """``sys.getsizeof`` summed over every object reachable from ``root``, each counted once.
-
-    Not counted nor followed: types, functions, modules, code, ``None``, bools and the small ints
-    the interpreter shares. Leaves (int, float, bytes, str) that a single container references
-    are counted without remembering their id: the walk cannot meet them twice (this keeps the
-    bookkeeping small for caches that hold millions of token ids)."""
-    getsizeof, getrefcount = sys.getsizeof, sys.getrefcount
-    single = _single_owner_refcount()
-    seen = {id(root)}
-    total = getsizeof(root)
-    frontier: list[object] = [root]
-    while frontier:
-        refs = gc.get_referents(*frontier)
-        frontier = []
-        for obj in refs:
-            kind = type(obj)
-            if kind in _LEAF_TYPES:
-                if kind is int and -5 <= obj <= 256:
-                    continue
-                if getrefcount(obj) <= single:
-                    total += getsizeof(obj)
-                    continue
-            elif isinstance(obj, _SHARED_TYPES):
-                continue
-            key = id(obj)
-            if key in seen:
-                continue
-            seen.add(key)
-            total += getsizeof(obj)
-            if kind not in _LEAF_TYPES:
-                frontier.append(obj)
-    return total
-
-
-def _drop_transient(engine: object) -> None:
-    for attr in TRANSIENT_ATTRS:
-        if getattr(engine, attr, None) is not None:
-            setattr(engine, attr, None)
-
-
-def cache_census(engine: object) -> tuple[int, int] | None:
-    """``(cached blocks, distinct cached contents)`` of a quiescent engine, or ``None`` when the
-    engine is neither the hash manager nor the radix cache."""
-    from pagedprefix.impl import BlockManager
-    from pagedprefix.impl.radix import RadixCache
-
-    if isinstance(engine, BlockManager):
-        keys = [engine.block_hash(b) for b in range(engine.config.num_blocks)]
-        cached = [k for k in keys if k is not None]
-        return len(cached), len(set(cached))
-    if isinstance(engine, RadixCache):
-        pages: list[Any] = [p for p in engine._page_of if p is not None]
-        return len(pages), len({id(p) for p in pages})
-    return None
-
-
-def _traced_metadata_bytes(
-    requests: Sequence[TraceRequest], config: ReplayConfig, factory: EngineFactory
-) -> int:
-    """Replay again under tracemalloc; the bytes released when the engine is dropped."""
-    held: list[ReplayEngine] = []
-
-    def keep(cfg: CacheConfig) -> ReplayEngine:
-        engine = factory(cfg)
-        held.append(engine)
-        return engine
-
-    gc.collect()
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    try:
-        run_replay(requests, config, keep, with_bound=False)
-        _drop_transient(held[0])
-        gc.collect()
-        with_engine = tracemalloc.get_traced_memory()[0]
-        held.clear()
-        gc.collect()
-        without = tracemalloc.get_traced_memory()[0]
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
-    return with_engine - without
 
 
 # ----- one comparison -----------------------------------------------------------------------------
@@ -380,12 +211,12 @@ def run_engine(
     census = cache_census(engine)
     metadata: int | None = None
     if memory == "walk" and spec.measure_memory:
-        _drop_transient(engine)
+        drop_transient(engine)
         metadata = reachable_bytes(engine)
     del engine
     timed.clear()
     if memory == "tracemalloc" and spec.measure_memory:
-        metadata = _traced_metadata_bytes(requests, cfg, base)
+        metadata = traced_metadata_bytes(requests, cfg, base)
     return EngineRun(
         label=spec.label, free_order=spec.free_order, result=result, engine_s=engine_s,
         cpu_s=cpu_s, memory_method=memory, metadata_bytes=metadata,
