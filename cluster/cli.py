@@ -35,7 +35,7 @@ from pagedprefix.replay.cli_common import (
     _progress,
     fail,
     output_problem,
-    plot_problem,
+    outputs_problem,
     write_outputs,
 )
 from pagedprefix.replay.sim import ReplayConfig
@@ -318,7 +318,7 @@ def sweep_command(
     if executor not in EXECUTORS:
         raise fail(SWEEP, f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     _check_seconds_for(SWEEP, "--cell-timeout", cell_timeout)
-    problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
+    problem = outputs_problem({"--csv": csv_path, "--json": json_path, "--plot": plot})
     if problem is not None:
         raise fail(SWEEP, problem)
     try:

@@ -47,7 +47,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagedprefix.conformance.protocol import EngineUnavailable
 from pagedprefix.conformance.subprocess_adapter import EngineProcessError, JsonLinesProcess, RemoteEngineError
 from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
 from pagedprefix.spec.events import EventBatch, GroupKey, batch_to_json
@@ -123,6 +122,9 @@ def parse_query(reply: Json) -> dict[str, Json]:
 class IndexerProcess(JsonLinesProcess):
     """A running indexer server: :class:`JsonLinesProcess` speaking the indexer protocol."""
 
+    protocol = PROTOCOL
+    versions = (PROTOCOL_VERSION,)
+
     def call(self, method: str, params: dict[str, Json], timeout: float | None = None) -> Json:
         """:meth:`JsonLinesProcess.call`; a reply nested too deeply for ``json`` to read is an
         :class:`EngineProcessError` too (the server is killed), not a ``RecursionError``."""
@@ -132,19 +134,8 @@ class IndexerProcess(JsonLinesProcess):
             self.kill()
             raise EngineProcessError(f"the reply to {method} is nested too deeply to read") from None
 
-    def _hello(self) -> int:
-        try:
-            hello = self.call("hello", {}, self.start_timeout)
-        except EngineUnavailable:
-            self.kill()
-            raise
-        except (EngineProcessError, EngineHung, RemoteEngineError) as exc:
-            self.kill()
-            raise EngineProcessError(f"{self.argv[0]} does not speak {PROTOCOL}: {exc}") from None
-        if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL or hello.get("version") != 1:
-            self.kill()
-            raise EngineProcessError(f"{self.argv[0]} does not speak {PROTOCOL} 1: {hello!r:.200}")
-        return PROTOCOL_VERSION
+    def refusal(self, hello: Json) -> str:
+        return f"{self.argv[0]} does not speak {PROTOCOL} {PROTOCOL_VERSION}: {hello!r:.200}"
 
 
 class JsonLinesIndexer:

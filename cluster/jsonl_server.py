@@ -24,23 +24,15 @@ from .jsonl import PROTOCOL, PROTOCOL_VERSION, Json, cached_keys_from_json, conf
 from .load import load_indexer
 
 
-class IndexerServer(JsonLinesServer):
+class IndexerServer(JsonLinesServer[IndexerFactory]):
     """Dispatches indexer-protocol requests to indexers built by ``factory``."""
 
-    def __init__(self, factory: IndexerFactory | None, load_error: str = "") -> None:
-        super().__init__(factory is not None, load_error)
-        self.indexer_factory = factory
-
-    @property
-    def indexers(self) -> dict[int, KVIndexer]:
-        return self.objects
-
-    def hello(self) -> Json:
-        return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
+    protocol = PROTOCOL
+    version = PROTOCOL_VERSION
 
     def create(self, params: dict[str, Json]) -> Json:
-        assert self.indexer_factory is not None
-        return {"handle": self.new_handle(self.indexer_factory(config_from_json(params["config"])))}
+        assert self.factory is not None
+        return {"handle": self.new_handle(self.factory(config_from_json(params["config"])))}
 
     def close(self, obj: Any) -> None:
         close = getattr(obj, "close", None)

@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 from pagedprefix.spec.events import batch_to_json
 
@@ -34,24 +34,28 @@ class _Shutdown(Exception):
     pass
 
 
-class JsonLinesServer:
+class JsonLinesServer(Generic[F]):
     """The core of a JSON-lines server: the request loop, the framing (one request a line, one
     reply a line, in order), the error replies, and the handles of the objects ``create`` makes.
 
-    A subclass names its protocol in :meth:`hello`, builds an object in :meth:`create` and lists
-    the methods an object answers in :meth:`methods`; ``shutdown`` ends :meth:`serve`, and every
-    request but ``shutdown`` answers ``EngineUnavailable`` when the object's module failed to load
-    (``loaded`` false). The engine server (:class:`Server`) and the indexer server
-    (``pagedprefix.cluster.jsonl_server``) are the two."""
+    A subclass names its ``protocol`` and ``version`` (``hello``'s answer), builds an object with
+    ``factory`` in :meth:`create` and lists the methods an object answers in :meth:`methods`;
+    ``shutdown`` ends :meth:`serve`, and every other request answers ``EngineUnavailable`` when
+    the factory failed to load (``factory`` is ``None``, ``load_error`` says why). The engine
+    server (:class:`Server`) and the indexer server (``pagedprefix.cluster.jsonl_server``) are
+    the two."""
 
-    def __init__(self, loaded: bool, load_error: str = "") -> None:
-        self.loaded = loaded
+    protocol = ""
+    version = 0
+
+    def __init__(self, factory: F | None, load_error: str = "") -> None:
+        self.factory = factory
         self.load_error = load_error
         self.objects: dict[int, Any] = {}
         self.next_handle = 1
 
     def hello(self) -> Json:
-        raise NotImplementedError
+        return {"protocol": self.protocol, "version": self.version}
 
     def create(self, params: dict[str, Json]) -> Json:
         raise NotImplementedError
@@ -83,7 +87,7 @@ class JsonLinesServer:
         """The result of one request (raises what the object raises)."""
         if method == "shutdown":
             raise _Shutdown
-        if not self.loaded:
+        if self.factory is None:
             raise EngineUnavailable(self.load_error)
         if method == "hello":
             return self.hello()
@@ -147,7 +151,7 @@ def _other_kind(exc: BaseException) -> str:
 
 
 def serve_worker(
-    what: str, name: str, load: Callable[[], F], server: Callable[[F | None, str], JsonLinesServer]
+    what: str, name: str, load: Callable[[], F], server: Callable[[F | None, str], JsonLinesServer[F]]
 ) -> int:
     """Serve stdin to stdout with the server ``server(loaded, error)`` over the ``what`` (engine,
     indexer) named ``name``, as the worker process: whatever it prints goes to stderr, stdout
@@ -168,20 +172,19 @@ def serve_worker(
     return 0
 
 
-class Server(JsonLinesServer):
+class Server(JsonLinesServer[AdapterFactory]):
     """Dispatches protocol requests to adapters built by ``factory``."""
 
+    protocol = PROTOCOL
+    version = PROTOCOL_VERSION
+
     def __init__(self, factory: AdapterFactory | None, load_error: str = "") -> None:
-        super().__init__(factory is not None, load_error)
-        self.factory = factory
+        super().__init__(factory, load_error)
         self.num_blocks: dict[int, int] = {}
 
     @property
     def caches(self) -> dict[int, PrefixCacheAdapter]:
         return self.objects
-
-    def hello(self) -> Json:
-        return {"protocol": PROTOCOL, "version": PROTOCOL_VERSION}
 
     def create(self, params: dict[str, Json]) -> Json:
         assert self.factory is not None

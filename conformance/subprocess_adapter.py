@@ -180,6 +180,9 @@ class JsonLinesProcess:
     """A running engine server (below a keeper, in its own session) and its request/response
     channel."""
 
+    protocol = PROTOCOL
+    versions: tuple[int, ...] = SUPPORTED_VERSIONS
+
     def __init__(
         self,
         argv: Sequence[str],
@@ -211,6 +214,8 @@ class JsonLinesProcess:
         self.version = self._hello()
 
     def _hello(self) -> int:
+        """Ask ``hello`` at start: a server that does not answer :attr:`protocol` in one of
+        :attr:`versions` is killed (:meth:`refusal` says why)."""
         try:
             hello = self.call("hello", {}, self.start_timeout)
         except EngineUnavailable:
@@ -218,16 +223,20 @@ class JsonLinesProcess:
             raise
         except (EngineProcessError, EngineHung, RemoteEngineError) as exc:
             self.kill()
-            raise EngineProcessError(f"{self.argv[0]} does not speak {PROTOCOL}: {exc}") from None
-        if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL:
+            raise EngineProcessError(f"{self.argv[0]} does not speak {self.protocol}: {exc}") from None
+        speaks = isinstance(hello, dict) and hello.get("protocol") == self.protocol
+        version = hello.get("version") if isinstance(hello, dict) else None
+        if not speaks or version not in self.versions:
             self.kill()
-            raise EngineProcessError(f"{self.argv[0]} does not speak {PROTOCOL}: {hello!r:.200}")
-        version = hello.get("version")
-        if version not in SUPPORTED_VERSIONS:
-            self.kill()
-            raise EngineProcessError(f"protocol version {version!r}, expected one of {SUPPORTED_VERSIONS}")
+            raise EngineProcessError(self.refusal(hello))
         assert isinstance(version, int)
         return version
+
+    def refusal(self, hello: Json) -> str:
+        """Why ``hello`` is not an answer of :attr:`protocol` in one of :attr:`versions`."""
+        if not isinstance(hello, dict) or hello.get("protocol") != self.protocol:
+            return f"{self.argv[0]} does not speak {self.protocol}: {hello!r:.200}"
+        return f"protocol version {hello.get('version')!r}, expected one of {self.versions}"
 
     def stderr_tail(self) -> str:
         """The last lines the server wrote to stderr."""

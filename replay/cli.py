@@ -27,15 +27,7 @@ from pagedprefix.spec import InvalidConfig, PrefixCacheError, hash_granularity, 
 from pagedprefix.spec.groups import check_groups
 from rich.console import Console
 
-from .cli_common import (
-    _progress,
-    fail,
-    memory_problem,
-    output_problem,
-    parse_capacities,
-    plot_problem,
-    write_outputs,
-)
+from .cli_common import _progress, fail, memory_problem, outputs_problem, parse_capacities, write_outputs
 from .compare import register as register_compare
 from .divergence import Divergence
 from .engines import DEFAULT_ENGINE, EngineFactory, EngineUnavailable, load_factory
@@ -218,7 +210,7 @@ def prepare_job(params: Mapping[str, Any], console: Console | None = None,
         runner = hook(cluster)
     outputs = {"--csv": p["csv_path"], "--json": p["json_path"], "--plot": p["plot"],
                "--repro": p["repro"] if p["check_spec"] else None}
-    problem = output_problem(outputs) or plot_problem(p["plot"])
+    problem = outputs_problem(outputs)
     if problem is not None:
         raise fail(COMMAND, problem)
     engine = p["engine"]

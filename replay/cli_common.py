@@ -22,8 +22,8 @@ from .engines import builtin_bytes_per_block
 from .sim import ProgressFn
 
 __all__ = [
-    "PLOT_HINT", "fail", "memory_problem", "output_problem", "parse_capacities", "plot_problem",
-    "write_outputs",
+    "PLOT_HINT", "fail", "memory_problem", "output_problem", "outputs_problem", "parse_capacities",
+    "plot_problem", "write_outputs",
 ]
 
 PLOT_HINT = ("--plot needs matplotlib (the plot extra): pip install 'pagedprefix[plot]', "
@@ -93,6 +93,12 @@ def plot_problem(plot: Path | None) -> str | None:
         known = ", ".join(sorted(formats))
         return f"--plot {plot}: matplotlib cannot write .{kind} files (use one of {known})"
     return None
+
+
+def outputs_problem(outputs: dict[str, Path | None]) -> str | None:
+    """Why one of the files asked for (``{option: path}``) cannot be written: :func:`output_problem`,
+    then :func:`plot_problem` for ``--plot``; ``None`` when all can."""
+    return output_problem(outputs) or plot_problem(outputs.get("--plot"))
 
 
 def memory_problem(engine: str, capacities: list[int], what: str) -> str | None:

@@ -54,15 +54,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .cli_common import (
-    _progress,
-    fail,
-    memory_problem,
-    output_problem,
-    parse_capacities,
-    plot_problem,
-    write_outputs,
-)
+from .cli_common import _progress, fail, memory_problem, outputs_problem, parse_capacities, write_outputs
 from .engines import EngineUnavailable, ReplayEngine, load_factory
 from .measure import TimedEngine, cache_census, drop_transient, reachable_bytes, traced_metadata_bytes
 from .report import CSV_FIELDS, monotonicity_violations
@@ -470,7 +462,7 @@ def compare_engines_command(
         out = Console(width=160)
     capacities, chosen, names = _check_options(num_blocks, engines, trace, memory, block_size, max_running,
                                                decode_chunk, max_output, hash_algo, engine or [])
-    problem = output_problem({"--csv": csv_path, "--json": json_path, "--plot": plot}) or plot_problem(plot)
+    problem = outputs_problem({"--csv": csv_path, "--json": json_path, "--plot": plot})
     if problem is not None:
         raise fail(COMMAND, problem)
     loaded = _load_traces(names, limit)
