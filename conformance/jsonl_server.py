@@ -81,7 +81,7 @@ class JsonLinesServer(Generic[F]):
 
     def drop(self, params: dict[str, Json]) -> None:
         self.lookup(params)
-        self.close(self.objects.pop(params["handle"]))  # type: ignore[arg-type]
+        self.close(self.objects.pop(params["handle"]))
 
     def handle(self, method: str, params: dict[str, Json]) -> Json:
         """The result of one request (raises what the object raises)."""
