@@ -133,10 +133,15 @@ def test_cli_fails_a_broken_indexer_through_the_worker(tmp_path: Path) -> None:
     (["--generated", "-1"], "--generated"),
 ])
 def test_cli_user_errors_are_one_line(args: list[str], phrase: str) -> None:
-    proc = run_cli(*args)
+    assert_one_line_error(run_cli(*args), "indexer-conform", phrase)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], command: str, phrase: str) -> None:
+    """A user error of ``pagedprefix COMMAND``: exit status 2 and one line on stderr naming
+    ``phrase``, no traceback."""
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pagedprefix indexer-conform: error:"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"pagedprefix {command}: error:"), proc.stderr
     assert phrase in lines[0]
     assert "Traceback" not in proc.stderr
 

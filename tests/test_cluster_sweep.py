@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from pagedprefix.cluster.sweep import MAX_CELLS, CellError, check_cell, grid, grid_size, run_cell, run_sweep
+from test_cluster_conform import assert_one_line_error
 
 REST = ["--limit", "60", "--num-blocks", "unbounded", "--max-output", "16"]
 CELLS = grid({"replicas": ["1", "2"], "router": ["round_robin", "prefix_aware"]}, REST)
@@ -100,11 +101,7 @@ def test_sweep_command_writes_csv_json_and_plot(tmp_path: Path) -> None:
     (["--", "--bogus"], "No such option"),
 ])
 def test_sweep_errors_are_one_line(args: list[str], phrase: str) -> None:
-    proc = run_cli(*args)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pagedprefix sweep: error:"), proc.stderr
-    assert phrase in lines[0] and "Traceback" not in proc.stderr
+    assert_one_line_error(run_cli(*args), "sweep", phrase)
 
 
 # ----- validate before work (issue 18, rule 5) ------------------------------------------------------

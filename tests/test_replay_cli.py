@@ -24,8 +24,8 @@ def broken_factory(config: CacheConfig) -> SpecCache:
     return SpecCache.create(replace(config, free_order="append_all"))
 
 
-@pytest.fixture(scope="module")
-def app() -> typer.Typer:
+def replay_app() -> typer.Typer:
+    """A stand-in for the project's app with the replay commands (``replay``, ``compare-engines``)."""
     app = typer.Typer()
 
     @app.callback()
@@ -34,6 +34,11 @@ def app() -> typer.Typer:
 
     register(app)
     return app
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    return replay_app()
 
 
 def invoke(app: typer.Typer, *args: str) -> tuple[int, str]:

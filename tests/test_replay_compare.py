@@ -14,7 +14,6 @@ import typer
 from pagedprefix.impl import BlockManager
 from pagedprefix.impl.radix import RadixCache
 from pagedprefix.replay.bound import prefix_hit_bound
-from pagedprefix.replay.cli import register
 from pagedprefix.replay.compare import (
     COMPARE_FIELDS,
     ENGINES,
@@ -28,6 +27,7 @@ from pagedprefix.replay.compare import (
 from pagedprefix.replay.sim import ReplayConfig
 from pagedprefix.replay.trace import TraceRequest, load_trace
 from pagedprefix.spec import CacheConfig
+from test_replay_cli import replay_app
 from typer.testing import CliRunner
 
 SMALL = 1500  # blocks of 16 tokens: the 100-request slice evicts heavily
@@ -144,14 +144,7 @@ def test_parse_engines() -> None:
 
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:
-        """A stand-in for the project's app."""
-
-    register(app)
-    return app
+    return replay_app()
 
 
 def test_command_writes_csv_json_and_plot(app: typer.Typer, tmp_path: Path) -> None:

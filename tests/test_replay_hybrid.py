@@ -14,30 +14,17 @@ from pathlib import Path
 
 import pytest
 import typer
-from pagedprefix.replay.cli import register
 from pagedprefix.replay.sim import ReplayConfig, run_replay
 from pagedprefix.replay.trace import load_trace
 from pagedprefix.spec import create_cache, full, sliding
-from typer.testing import CliRunner
+from test_replay_cli import invoke, replay_app
 
 GPT_OSS = "full(16)+sliding(128,16)"
 
 
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def main() -> None:
-        """A stand-in for the project's app."""
-
-    register(app)
-    return app
-
-
-def invoke(app: typer.Typer, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["replay", *args])
-    return result.exit_code, result.output
+    return replay_app()
 
 
 def test_groups_sweep_both_retentions_with_orphans(app: typer.Typer, tmp_path: Path) -> None:

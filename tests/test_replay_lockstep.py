@@ -73,23 +73,11 @@ def test_a_wrong_policy_is_caught_with_a_reproduction(tmp_path: Path) -> None:
     assert "divergence at operation" in str(div)
 
 
-class Lying:
-    """Reports one hit block too many on the n-th admission that hit at all."""
+class SpecForwarder:
+    """The spec behind a wrapper: the operations a test engine does not change."""
 
-    def __init__(self, config: CacheConfig, nth: int) -> None:
+    def __init__(self, config: CacheConfig) -> None:
         self.inner = SpecCache.create(config)
-        self.nth = nth
-        self.seen = 0
-
-    def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> Allocation:
-        alloc = self.inner.allocate(request_id, tokens, extras)
-        if alloc.num_computed_tokens:
-            self.seen += 1
-            if self.seen == self.nth:
-                return Allocation(alloc.num_computed_tokens + self.inner.config.block_size, alloc.block_table)
-        return alloc
 
     def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
         return self.inner.append(request_id, tokens)
@@ -102,6 +90,25 @@ class Lying:
 
     def num_free_blocks(self) -> int:
         return self.inner.num_free_blocks()
+
+
+class Lying(SpecForwarder):
+    """Reports one hit block too many on the n-th admission that hit at all."""
+
+    def __init__(self, config: CacheConfig, nth: int) -> None:
+        super().__init__(config)
+        self.nth = nth
+        self.seen = 0
+
+    def allocate(
+        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
+    ) -> Allocation:
+        alloc = self.inner.allocate(request_id, tokens, extras)
+        if alloc.num_computed_tokens:
+            self.seen += 1
+            if self.seen == self.nth:
+                return Allocation(alloc.num_computed_tokens + self.inner.config.block_size, alloc.block_table)
+        return alloc
 
 
 def test_a_wrong_hit_length_is_caught_at_its_operation() -> None:
@@ -131,11 +138,11 @@ def test_an_engine_crash_is_a_divergence() -> None:
     assert result.divergence.actual == "RuntimeError(boom)"
 
 
-class Renamed:
+class Renamed(SpecForwarder):
     """The spec with physical ids mirrored (b -> N-1-b): same behaviour, different names."""
 
     def __init__(self, config: CacheConfig, exact: bool) -> None:
-        self.inner = SpecCache.create(config)
+        super().__init__(config)
         self.top = config.num_blocks - 1
         self.capabilities = type("Caps", (), {"exact_ids": exact})()
 
@@ -152,15 +159,6 @@ class Renamed:
         res = self.inner.append(request_id, tokens)
         copies = tuple((self.top - a, self.top - b) for a, b in res.copies)
         return AppendResult(copies, self._ids(res.block_table))
-
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        self.inner.fork(parent_id, child_id)
-
-    def free(self, request_id: RequestId) -> None:
-        self.inner.free(request_id)
-
-    def num_free_blocks(self) -> int:
-        return self.inner.num_free_blocks()
 
 
 def test_engines_without_exact_ids_are_compared_up_to_renaming() -> None:
