@@ -95,6 +95,13 @@ _TREE_POLICY = (
     "its own eviction order (leaf-first LRU over the tree), not a spec policy, so exact hit lengths "
     "and block ids under eviction are not compared (SEMANTICS.md section 5)"
 )
+
+_SPEC_POLICY_ROWS = ("policy-hits", "policy-sharing", "policy-free-queue", "exact-ids")
+
+
+def _follows_tree_policy(engine: str) -> dict[str, str]:
+    """The notes of the rows judged only under a spec policy, for an engine following the tree's."""
+    return {row: f"{engine} follows {_TREE_POLICY}." for row in _SPEC_POLICY_ROWS}
 _SGLANG = {
     "capability: fork": "SGLang has no block-level fork or copy-on-write: for parallel sampling its "
     "tokenizer manager first caches the common prefix, then sends each sample as a request of its own "
@@ -113,10 +120,7 @@ _SGLANG = {
     '(`schedule_batch.py`) keys `(extra_key or "") + lora_id` untyped; these rows map the salt to '
     "SGLang's own `cache_salt`, a separate `RadixKey` field, so that alias is not reached here: the "
     "`sglang-extra-key` rows send the salt as `extra_key` and provoke it.",
-    "policy-hits": "SGLang follows " + _TREE_POLICY + ".",
-    "policy-sharing": "SGLang follows " + _TREE_POLICY + ".",
-    "policy-free-queue": "SGLang follows " + _TREE_POLICY + ".",
-    "exact-ids": "SGLang follows " + _TREE_POLICY + ".",
+    **_follows_tree_policy("SGLang"),
     "replay: conversation trace slice": "the slice compares exact hits under eviction, which are "
     "normative only for engines following the spec's policy; SGLang follows " + _TREE_POLICY + ".",
     "capability: events": "SGLang 0.5.23's trees record KV-cache events too (`KVCacheEventRecorder` in "
@@ -187,10 +191,7 @@ NOTES: dict[str, dict[str, str]] = {
         "capability: events": "the radix engine publishes no KV-cache events.",
         "capability: keys": "the radix engine compares page contents, not chained hashes: no "
         "byte-exact keys to compare.",
-        "policy-hits": "the radix engine follows " + _TREE_POLICY + ".",
-        "policy-sharing": "the radix engine follows " + _TREE_POLICY + ".",
-        "policy-free-queue": "the radix engine follows " + _TREE_POLICY + ".",
-        "exact-ids": "the radix engine follows " + _TREE_POLICY + ".",
+        **_follows_tree_policy("the radix engine"),
         "replay: conversation trace slice": "exact hits under eviction are normative only for the "
         "spec's policies; the radix engine follows " + _TREE_POLICY + ".",
     },
