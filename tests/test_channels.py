@@ -155,38 +155,44 @@ def _cells_of(name: str) -> list[Cell]:
 _CELLS: dict[str, list[Cell]] = {}
 
 
+@pytest.fixture
+def small_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matrix runs are real (small); ``run_cells`` is swapped only to keep them small."""
+    monkeypatch.setattr(matrix_module, "run_cells", lambda e, groups, seed: _cells_of(e.name))
+
+
+def _matrix_exit(name: str, out: Path, check: bool) -> int:
+    """The exit code of a matrix run of engine ``name`` writing (or checking) ``out``; it must exit."""
+    with pytest.raises(typer.Exit) as exited:
+        _matrix_run([MatrixEngine(name, "")], out, None, check, 0)
+    return int(exited.value.exit_code)
+
+
+@pytest.mark.usefixtures("small_cells")
 def test_matrix_check_fails_on_a_driven_channel_no_example_reached(
-    engine_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    engine_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = "channel_eng:claims_mm"
-    # the runs themselves are real (small); run_cells is swapped only to keep them small
-    monkeypatch.setattr(matrix_module, "run_cells", lambda e, groups, seed: _cells_of(e.name))
     out = engine_dir / "MATRIX.md"
-    with pytest.raises(typer.Exit) as written:
-        _matrix_run([MatrixEngine(name, "")], out, None, False, 0)
-    assert written.value.exit_code == 1  # written, and failed
+    assert _matrix_exit(name, out, check=False) == 1  # written, and failed
     assert "| `mm` | `Extras.mm_items` | yes | `mm` | **no** | claimed, never sent |" in out.read_text()
-    with pytest.raises(typer.Exit) as checked:
-        _matrix_run([MatrixEngine(name, "")], out, None, True, 0)
-    assert checked.value.exit_code == 1  # identical text, still a FAIL
+    assert _matrix_exit(name, out, check=True) == 1  # identical text, still a FAIL
     err = capsys.readouterr().err
     assert f"matrix: {name} declares channel 'mm' (Extras.mm_items) driven, but none of its 1 runs" in err
     assert "driven channels were not reached" in err
 
 
+@pytest.mark.usefixtures("small_cells")
 def test_matrix_check_passes_an_honest_declaration(
-    engine_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    engine_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = "channel_eng:honest"
-    monkeypatch.setattr(matrix_module, "run_cells", lambda e, groups, seed: _cells_of(e.name))
     out = engine_dir / "MATRIX.md"
     _matrix_run([MatrixEngine(name, "")], out, None, False, 0)  # no Exit: nothing to report
     text = out.read_text()
     assert "| `lora` | `Extras.lora` | yes | `lora` | yes | the spec's LoRA |" in text
     assert "| `mm` | `Extras.mm_items` | no | `mm` | - | capability lacks mm |" in text
-    with pytest.raises(typer.Exit) as checked:
-        _matrix_run([MatrixEngine(name, "")], out, None, True, 0)
-    assert checked.value.exit_code == 0
+    assert _matrix_exit(name, out, check=True) == 0
     assert "declares channel" not in capsys.readouterr().err
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pagedprefix.replay.engines import load_factory
@@ -30,64 +31,35 @@ def test_vllm_replays_the_slice_with_impls_hits(num_blocks: int) -> None:
     assert (vllm.operations, vllm.peak_blocks_in_use) == (impl.operations, impl.peak_blocks_in_use)
 
 
-def test_replay_command_with_engine_vllm(tmp_path: Path) -> None:
-    rates = {}
-    for engine in ("impl", "vllm"):
-        out = tmp_path / f"{engine}.json"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pagedprefix",
-                "replay",
-                "--engine",
-                engine,
-                "--limit",
-                "100",
-                "--num-blocks",
-                "1000,4000",
-                "--no-progress",
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        rows = json.loads(out.read_text())["runs"]
-        rates[engine] = [(r["num_blocks"], r["token_hit_rate"], r["hit_tokens"]) for r in rows]
-    assert rates["vllm"] == rates["impl"] and all(r[2] > 0 for r in rates["impl"])
-
-
-def test_compare_engines_with_engine_vllm(tmp_path: Path) -> None:
-    out = tmp_path / "compare.json"
+def _pagedprefix_json(out: Path, *args: str) -> list[dict[str, Any]]:
+    """The ``runs`` of ``python -m pagedprefix ARGS --no-progress --json OUT`` (which must succeed)."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pagedprefix",
-            "compare-engines",
-            "--trace",
-            "conversation",
-            "--limit",
-            "100",
-            "--num-blocks",
-            "600,4000",
-            "--engines",
-            "hash/unhashed_to_head",
-            "--engine",
-            "vllm",
-            "--no-progress",
-            "--json",
-            str(out),
-        ],
+        [sys.executable, "-m", "pagedprefix", *args, "--no-progress", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    runs = json.loads(out.read_text())["runs"]
+    runs: list[dict[str, Any]] = json.loads(out.read_text())["runs"]
+    return runs
+
+
+def test_replay_command_with_engine_vllm(tmp_path: Path) -> None:
+    rates = {}
+    for engine in ("impl", "vllm"):
+        rows = _pagedprefix_json(
+            tmp_path / f"{engine}.json", "replay", "--engine", engine, "--limit", "100",
+            "--num-blocks", "1000,4000",
+        )
+        rates[engine] = [(r["num_blocks"], r["token_hit_rate"], r["hit_tokens"]) for r in rows]
+    assert rates["vllm"] == rates["impl"] and all(r[2] > 0 for r in rates["impl"])
+
+
+def test_compare_engines_with_engine_vllm(tmp_path: Path) -> None:
+    runs = _pagedprefix_json(
+        tmp_path / "compare.json", "compare-engines", "--trace", "conversation", "--limit", "100",
+        "--num-blocks", "600,4000", "--engines", "hash/unhashed_to_head", "--engine", "vllm",
+    )
     by = {(r["engine"], r["num_blocks"]): r for r in runs}
     for cap in (600, 4000):
         hashed, vllm = by[("hash/unhashed_to_head", cap)], by[("vllm", cap)]
