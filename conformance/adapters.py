@@ -86,13 +86,27 @@ def spec_capabilities(config: CacheConfig, groups: bool = True, events: bool = F
     )
 
 
-class SpecShapedAdapter:
+class NumberedEvents:
+    """KV-cache events numbered in batches from 0, one batch per operation that produced any, as
+    vLLM's publisher numbers its scheduler's batches (``next_seq``: the next batch's number)."""
+
+    next_seq: int = 0
+
+    def _numbered(self, events: Sequence[Event]) -> list[EventBatch]:
+        """``events`` as the next batch (none if empty)."""
+        if not events:
+            return []
+        batch = EventBatch(self.next_seq, tuple(events))
+        self.next_seq += 1
+        return [batch]
+
+
+class SpecShapedAdapter(NumberedEvents):
     """Adapter for any engine with :class:`SpecCache`'s API (the spec, ``impl.BlockManager``)."""
 
     def __init__(self, cache: SpecShaped, capabilities: Capabilities) -> None:
         self.cache = cache
         self.capabilities = capabilities
-        self.next_seq = 0
 
     def allocate(
         self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
@@ -146,11 +160,7 @@ class SpecShapedAdapter:
     def take_events(self) -> list[EventBatch]:
         """The engine's events since the last call as one batch numbered 0, 1, … (none if empty)."""
         events: list[Event] = self.cache.take_events()  # type: ignore[attr-defined]
-        if not events:
-            return []
-        batch = EventBatch(self.next_seq, tuple(events))
-        self.next_seq += 1
-        return [batch]
+        return self._numbered(events)
 
     def cached_keys(self) -> Counter[GroupKey]:
         keys: Counter[GroupKey] = self.cache.cached_keys()  # type: ignore[attr-defined]

@@ -11,35 +11,17 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
-import sys
 import types
 from array import array
 from typing import Any
 
 import pytest
 from pagedprefix.conformance.channels import channels_of, unreached
+from pagedprefix.conformance.engines.sglang import unavailable_reason
 from pagedprefix.conformance.suite import SuiteOptions, run_suite
 from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
 
-REQUIRED = ("torch", "numpy", "msgspec", "zmq", "pydantic", "psutil")
-
-
-def _skip_reason() -> str | None:
-    if sys.version_info < (3, 11):
-        return "SGLang 0.5.23 needs Python >= 3.11"
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return "sglang is not installed (pip install --no-deps sglang==0.5.23, conformance/engines/README.md)"
-    if version != "0.5.23":
-        return f"the adapter is written against sglang 0.5.23, {version} is installed"
-    missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"sglang is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
-    return None
-
-
-REASON = _skip_reason()
+REASON = unavailable_reason()
 if REASON is not None and os.environ.get("PAGEDPREFIX_REQUIRE_ENGINES"):
     raise RuntimeError(f"PAGEDPREFIX_REQUIRE_ENGINES is set but {REASON}")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

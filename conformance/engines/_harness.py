@@ -339,6 +339,27 @@ def load(
     return loaded
 
 
+def unavailable_reason(distribution: str, version: str, imports: Iterable[str]) -> str | None:
+    """Why an adapter written against ``distribution==version`` cannot run here (not installed,
+    another release, or a module its cache imports missing), without importing it; ``None`` when it
+    can. For tests and benchmarks that skip without it."""
+    import importlib.metadata
+
+    try:
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return (
+            f"{distribution} is not installed (pip install --no-deps {distribution}=={version}; "
+            "see conformance/engines/README.md)"
+        )
+    if installed != version:
+        return f"the adapter is written against {distribution} {version}, {installed} is installed"
+    missing = [m for m in imports if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{distribution} is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
+    return None
+
+
 def describe(stand_ins: Iterable[StandIn]) -> str:
     """A Markdown table of stand-ins (for the README and ``--help`` texts)."""
     rows = ["| module | kind | names | why |", "|---|---|---|---|"]

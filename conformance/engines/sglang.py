@@ -13,7 +13,7 @@ and reads results back.
 SGLang 0.5.23 needs Python >= 3.11. Its API changes every few months: this adapter is pinned to
 0.5.23 (:data:`VERSION`).
 
-Two ways to load it (``pagedprefix.conformance.engines._harness``): a fully installed SGLang (nothing
+Two ways to load it (:mod:`pagedprefix.conformance.engines.sglang_load`): a fully installed SGLang (nothing
 is replaced), or a CPU-only machine with the wheel installed ``--no-deps``, where the stand-ins of
 :data:`STAND_INS` replace the modules around the cache that do not import without CUDA, Triton,
 ``transformers`` or the server stack.
@@ -152,40 +152,18 @@ gone. No adapter declares ``groups`` for it, for these reasons:
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 import uuid
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    Allocation,
-    AppendResult,
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    OutOfBlocks,
-    RequestId,
-    UnknownRequest,
-)
+from pagedprefix import spec
 
 from ..channels import Channel, declare_channels
-from ..protocol import (
-    ADAPTER_PROTOCOL_VERSION,
-    AdapterBase,
-    Capabilities,
-    EngineUnavailable,
-    UnsupportedConfig,
-)
-from . import _harness
-from ._harness import Loaded, StandIn
-
-VERSION = "0.5.23"
-"""The SGLang release this adapter is written against (``pip install --no-deps sglang==0.5.23``)."""
+from ..protocol import UnsupportedConfig
+from ._engine import EngineAdapter, engine_capabilities, engine_request_id
+from .sglang_load import STAND_INS, VERSION, loaded, unavailable_reason
 
 LORA_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "pagedprefix:lora")
 SAMPLING_MAX_NEW_TOKENS = 2**20
@@ -194,195 +172,8 @@ MAX_CONTEXT_LEN = 2**18
 SALT_CHANNELS = ("cache_salt", "extra_key")
 """The ``Req`` arguments the spec's salt can travel as (``SglangAdapter(salt_as=...)``)."""
 
-TARGETS: tuple[str, ...] = (
-    "sglang.srt.mem_cache.radix_cache",
-    "sglang.srt.mem_cache.cache_init_params",
-    "sglang.srt.mem_cache.base_prefix_cache",
-    "sglang.srt.mem_cache.allocator.paged",
-    "sglang.srt.mem_cache.allocator.token",
-    "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.mem_cache.common",
-    "sglang.srt.managers.schedule_batch",
-    "sglang.srt.sampling.sampling_params",
-    "sglang.srt.mem_cache.unified_radix_cache",
-    "sglang.srt.mem_cache.unified_cache.components",
-)
-"""The SGLang modules the adapter drives."""
-
-_UTILS_COMMON = (
-    "ceil_align", "get_int_env_var", "get_bool_env_var", "is_hip", "is_cuda", "is_mps",
-    "get_num_new_pages", "next_power_of_2", "is_xpu", "get_device_module", "assert_int64_array",
-    "is_gfx95_supported", "async_h2d",
-)
-
-STAND_INS: tuple[StandIn, ...] = (
-    StandIn(
-        "sglang", "package",
-        "its __init__ imports the frontend language and transformers patches (orjson, transformers)",
-    ),
-    StandIn(
-        "sglang.srt.utils", "package",
-        "its __init__ star-imports sglang.srt.utils.common (orjson, requests, Triton, Pillow, "
-        "starlette); other names resolve from the partial common module",
-        exports=(("is_port_available", "sglang.srt.utils.network"), ("*", "sglang.srt.utils.common")),
-    ),
-    StandIn(
-        "sglang.srt.utils.common", "partial",
-        "imports orjson, pybase64, requests, Triton, Pillow and starlette; the cache uses these "
-        "small helpers of it (ceil_align among them)",
-        names=_UTILS_COMMON,
-    ),
-    StandIn(
-        "sglang.kernels.ops.kvcache.mla_buffer", "placeholder",
-        "Triton kernels for MLA KV buffers, re-exported by mem_cache.utils; never called",
-        names=(
-            "get_mla_kv_buffer_kernel", "get_mla_kv_buffer_triton", "set_mla_kv_buffer_dcp_sharded_triton",
-            "set_mla_kv_buffer_fp8_quant_kernel", "set_mla_kv_buffer_kernel", "set_mla_kv_buffer_triton",
-            "set_mla_kv_buffer_triton_fp8_quant", "set_mla_kv_scale_buffer_kernel",
-            "set_mla_kv_scale_buffer_triton",
-        ),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.allocator", "package",
-        "its __init__ imports every allocator, some with Triton kernels; base and paged are kept real",
-        exports=(("BaseTokenToKVPoolAllocator", "sglang.srt.mem_cache.allocator.base"),),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.allocator.hisparse", "placeholder",
-        "DeepSeek V4's HiSparse allocator (DSV4 kernels, the model config); SWAComponent names it "
-        "only in an isinstance check",
-        names=("DeepSeekV4HiSparseTokenToKVPoolAllocator",),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.allocator.unified_hybrid_swa", "placeholder",
-        "the unified (shared-buffer) hybrid SWA allocators (CUDA VMM backing); the Rust tree core "
-        "names UnifiedSWAAllocatorBase only in an isinstance check",
-        names=("UnifiedSWAAllocatorBase",),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.allocator.paged", "partial",
-        "imports the Triton alloc kernels; PagedTokenToKVPoolAllocator falls back to its own torch "
-        "code (alloc_decode_naive) when the platform has no Triton",
-        names=("PagedTokenToKVPoolAllocator",),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.memory_pool", "partial",
-        "imports Triton and the device KV pools; ReqToTokenPool is plain torch",
-        names=("ReqToTokenPool", "KVCache", "MHATokenToKVPool", "MLATokenToKVPool", "DSATokenToKVPool",
-               "MHATokenToKOnlyPool"),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.allocator.swa", "partial",
-        "imports a Triton page-clearing kernel (get_and_clear_swa_pages, called only on CUDA); "
-        "SWATokenToKVPoolAllocator is two paged allocators and a full-to-SWA index map in torch",
-        names=("SWATokenToKVPoolAllocator",),
-    ),
-    StandIn(
-        "sglang.srt.observability.metrics_collector", "placeholder",
-        "imports the config stack (transformers) and prometheus; the collectors are annotations and "
-        "are built only with metrics on (every name is a placeholder)",
-        names=("*",),
-    ),
-    StandIn(
-        "sglang.srt.dllm.config", "placeholder",
-        "imports the server-argument stack; DllmConfig is None for an autoregressive request",
-        names=("DllmConfig",),
-    ),
-    StandIn(
-        "sglang.srt.disaggregation.utils", "partial",
-        "imports the model config (transformers); Req and its time stats need DisaggregationMode",
-        names=("DisaggregationMode", "FAKE_BOOTSTRAP_HOST"),
-    ),
-    StandIn(
-        "sglang.srt.model_executor.forward_batch_info", "partial",
-        "imports the model executor (Triton kernels, layers); Req needs the CaptureHiddenMode enum "
-        "and its time stats ForwardMode",
-        names=("CaptureHiddenMode", "ForwardMode"),
-    ),
-    StandIn(
-        "sglang.srt.distributed", "package",
-        "its __init__ star-imports the collective-communication stack (NCCL, Triton); "
-        "UnifiedRadixCache needs the real submodule communication_tags",
-    ),
-    StandIn(
-        "sglang.srt.managers.cache_controller", "placeholder",
-        "the HiCache controller (host pools, storage backends, NCCL); UnifiedRadixCache builds it "
-        "only for a hierarchical cache (every name is a placeholder)",
-        names=("*",),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "placeholder",
-        "the hybrid HiCache controller (page-interleaved host pools, NCCL, Triton); built only for "
-        "a hierarchical cache (every name is a placeholder)",
-        names=("*",),
-    ),
-    StandIn(
-        "sglang.srt.mem_cache.common", "partial",
-        "imports Triton memory kernels; the scheduler-side functions the adapter calls are plain "
-        "Python over the tree, the allocator and the row",
-        names=("match_kv_cache", "checkpoint_kv_cache", "release_kv_cache", "_evict_until_allocatable",
-               "coalesce_ranges", "free_kv_row_segments", "RetractionBackup", "free_swa_out_of_window_slots"),
-    ),
-    StandIn(
-        "sglang.srt.managers.schedule_batch", "partial",
-        "imports the model executor, grammar backends, disaggregation and multimodal transport; "
-        "the Req class (with the extra_key + lora_id line) and its finish reasons are run from "
-        "the installed file",
-        names=("Req", "ReqKvInfo", "ReqLogprob", "get_return_hidden_states_mode", "FINISH_ABORT"),
-    ),
-)
-"""The harness's stand-ins, in the order they are tried (each only when its real module fails)."""
-
-_LOADED: Loaded | None = None
-
-
-def _check_python() -> None:
-    if sys.version_info < (3, 11):
-        raise EngineUnavailable(f"SGLang {VERSION} needs Python >= 3.11, this is {sys.version.split()[0]}")
-
-
-def loaded() -> Loaded:
-    """SGLang's cache modules, loaded once (real if possible, else through the harness).
-
-    Raises :class:`~pagedprefix.conformance.protocol.EngineUnavailable` when SGLang is not installed
-    or Python is older than 3.11.
-    """
-    global _LOADED
-    if _LOADED is None:
-        _check_python()
-        _LOADED = _harness.load("sglang", "sglang", TARGETS + ("sglang.srt.runtime_context",), STAND_INS)
-        _publish_runtime_defaults(_LOADED.modules["sglang.srt.runtime_context"])
-        if "SGLANG_LOGGING_LEVEL" not in os.environ:
-            logging.getLogger("sglang").setLevel(logging.ERROR)
-    return _LOADED
-
-
-RUNTIME_DEFAULTS: dict[str, dict[str, Any]] = {
-    "serving": {"strip_thinking_cache": False},
-    "spec": {"speculative_algorithm": None},
-}
-"""The runtime-config leaves the driven code reads (``Req.owned_kv_len``, ``release_kv_cache``),
-with ``ServerArgs``' defaults."""
-
-
-def _publish_runtime_defaults(runtime_context: Any) -> None:
-    """SGLang's code reads process-wide config bags that its launcher publishes from ``ServerArgs``
-    (``runtime_context.publish``); building ``ServerArgs`` needs the whole server stack, so each
-    namespace of :data:`RUNTIME_DEFAULTS` that nobody has published yet gets a bag (SGLang's own
-    ``_ConfigBag``) holding just those defaults. A namespace already published is left alone."""
-    context = runtime_context._CONTEXT
-    for namespace, leaves in RUNTIME_DEFAULTS.items():
-        if context.is_config_namespace_published(namespace):
-            continue
-        bag = runtime_context._ConfigBag(namespace)
-        for leaf, value in leaves.items():
-            bag._set(leaf, value)
-        context._config_bags = {**(context._config_bags or {}), namespace: bag}
-
-
-def sglang_rid(request_id: RequestId) -> str:
-    """SGLang's string rid for a spec request id (``1`` and ``"1"`` stay apart)."""
-    return f"{type(request_id).__name__}:{request_id}"
+sglang_rid = engine_request_id
+"""SGLang's string rid for a spec request id (``1`` and ``"1"`` stay apart)."""
 
 
 def lora_id_string(name: str, lora_id: int) -> str:
@@ -390,37 +181,27 @@ def lora_id_string(name: str, lora_id: int) -> str:
     return uuid.uuid5(LORA_NAMESPACE, f"{name}\x00{lora_id}").hex
 
 
-CAPABILITIES = Capabilities(
-    fork=False,
+CAPABILITIES = engine_capabilities(
     ref_cnt=False,
     free_queue=False,
-    keys=False,
-    reset=True,
-    input_errors=False,
-    extras=frozenset({"lora", "cache_salt"}),
     free_order="other",
     dedup_on_full=None,
     exact_ids=False,
     publish="step",
     publish_decode="free",
-    lookup=True,
     lookup_is_pure=False,
-    block_sizes=None,
-    weak_hash=False,
-    verify_tokens=False,
     spells_extras=True,
     groups=frozenset(),
-    events=False,
-    protocol_version=ADAPTER_PROTOCOL_VERSION,
 )
 
 
-class SglangAdapter(AdapterBase):
+class SglangAdapter(EngineAdapter):
     """One SGLang ``RadixCache`` seen through the spec's operations (see the module docstring)."""
 
+    engine = "SGLang"
     capabilities = CAPABILITIES
 
-    def __init__(self, config: CacheConfig, *, tree: str = "radix", salt_as: str = "cache_salt") -> None:
+    def __init__(self, config: spec.CacheConfig, *, tree: str = "radix", salt_as: str = "cache_salt") -> None:
         if tree not in ("radix", "unified"):
             raise ValueError(f"tree must be 'radix' or 'unified', got {tree!r}")
         if salt_as not in SALT_CHANNELS:
@@ -468,7 +249,7 @@ class SglangAdapter(AdapterBase):
 
     # ----- requests ---------------------------------------------------------------------------
 
-    def _req(self, rid: str, tokens: Sequence[int], extras: Extras) -> Any:
+    def _req(self, rid: str, tokens: Sequence[int], extras: spec.Extras) -> Any:
         lora = None if extras.lora is None else lora_id_string(extras.lora.name, extras.lora.lora_id)
         salt = extras.cache_salt or None  # the spec's "" is no salt; SGLang keys "" apart from None
         channel = {self.salt_as: salt}
@@ -482,7 +263,7 @@ class SglangAdapter(AdapterBase):
             extra_key=channel.get("extra_key"),
         )
 
-    def spell_extras(self, extras: Extras) -> dict[str, str]:
+    def spell_extras(self, extras: spec.Extras) -> dict[str, str]:
         """The strings SGLang keys extras by: the LoRA's ``lora_id`` and the salt (as ``cache_salt``
         or, for ``salt_as="extra_key"``, as ``extra_key``: the same string either way)."""
         out: dict[str, str] = {}
@@ -492,16 +273,10 @@ class SglangAdapter(AdapterBase):
             out["cache_salt"] = extras.cache_salt
         return out
 
-    def _live(self, request_id: RequestId) -> Any:
-        req = self.requests.get(sglang_rid(request_id))
-        if req is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
-        return req
-
     def _row(self, req: Any) -> Any:
         return self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
 
-    def _table(self, req: Any) -> tuple[int, ...]:
+    def _table(self, rid: str, req: Any) -> tuple[int, ...]:
         n = int(req.kv.kv_allocated_len)
         slots = self._row(req)[0:n:self.block_size].tolist()
         return tuple(int(s) // self.block_size - 1 for s in slots)
@@ -510,24 +285,22 @@ class SglangAdapter(AdapterBase):
         """Tokens an allocation can get now: free pages plus what eviction can reach."""
         return int(self.allocator.available_size()) + int(self.tree.evictable_size())
 
-    def _refuse(self, pages: int, held: int) -> OutOfBlocks:
+    def _refuse(self, pages: int, held: int) -> spec.OutOfBlocks:
         room = self._room() // self.block_size
-        return OutOfBlocks(pages, room, self.num_blocks, held + pages,
+        return spec.OutOfBlocks(pages, room, self.num_blocks, held + pages,
                            message=f"SGLang: {pages} more pages, {room} free or evictable")
 
     # ----- operations -------------------------------------------------------------------------
 
     def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> Allocation:
-        rid = sglang_rid(request_id)
-        if rid in self.requests:
-            raise DuplicateRequest(f"request {request_id!r} is live")
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.Allocation:
+        rid = self._new_id(request_id)
         B, n = self.block_size, len(tokens)
         if n > self.context_len:
-            raise OutOfBlocks(message=f"SGLang: {n} tokens past its context length {self.context_len}")
+            raise spec.OutOfBlocks(message=f"SGLang: {n} tokens past its context length {self.context_len}")
         if self.req_to_token_pool.available_size() == 0:
-            raise OutOfBlocks(message=f"SGLang: all {self.max_running} request rows in use")
+            raise spec.OutOfBlocks(message=f"SGLang: all {self.max_running} request rows in use")
         req = self._req(rid, tokens, extras)
         req.init_next_round_input(self.tree)
         prefix = int(req.prefix_len)
@@ -549,7 +322,7 @@ class SglangAdapter(AdapterBase):
         req.extend_end = n
         self.requests[rid] = req
         self.pending.append(req)
-        return Allocation(prefix, self._table(req))
+        return spec.Allocation(prefix, self._table(rid, req))
 
     def step(self) -> None:
         """The prefill step's end: SGLang publishes each admitted prompt (``checkpoint_kv_cache``)."""
@@ -558,12 +331,12 @@ class SglangAdapter(AdapterBase):
             if self.requests.get(req.rid) is req:
                 self._common.checkpoint_kv_cache(req, self.tree)
 
-    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
-        req = self._live(request_id)
+    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
+        rid, req = self._live(request_id)
         B, torch = self.block_size, self._torch
         length = int(req.kv.kv_allocated_len)
         if length + len(tokens) > self.context_len:
-            raise OutOfBlocks(message=f"SGLang: {length + len(tokens)} tokens past its context length")
+            raise spec.OutOfBlocks(message=f"SGLang: {length + len(tokens)} tokens past its context length")
         pages = -(-(length + len(tokens)) // B) - -(-length // B)
         if pages * B > self._room():
             raise self._refuse(pages, -(-length // B))
@@ -584,18 +357,15 @@ class SglangAdapter(AdapterBase):
             length += 1
             req.kv.kv_allocated_len = length
             req.kv.kv_committed_len = length
-        return AppendResult((), self._table(req))
+        return spec.AppendResult((), self._table(rid, req))
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        raise NotImplementedError("SGLang has no block-level fork (capability fork=False)")
-
-    def free(self, request_id: RequestId) -> None:
-        req = self._live(request_id)
+    def free(self, request_id: spec.RequestId) -> None:
+        rid, req = self._live(request_id)
         req.finished_reason = self._batch.FINISH_ABORT()
         self._common.release_kv_cache(req, self.tree, checkpoint=True)
-        del self.requests[req.rid]
+        del self.requests[rid]
 
-    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+    def lookup(self, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS) -> int:
         req = self._req("pagedprefix-lookup", tokens, extras)
         req.init_next_round_input(self.tree)
         return int(req.prefix_len)
@@ -610,14 +380,11 @@ class SglangAdapter(AdapterBase):
 
     # ----- observations -----------------------------------------------------------------------
 
-    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
-        return self._table(self._live(request_id))
-
     def num_free_blocks(self) -> int:
         return self._room() // self.block_size
 
     def close(self) -> None:
-        self.requests.clear()
+        super().close()
         self.pending.clear()
 
 
@@ -683,14 +450,14 @@ SGLANG_UNIFIED_EXTRA_KEY_CHANNELS = _channels("extra_key", "unified")
 
 
 @declare_channels(SGLANG_UNIFIED_CHANNELS)
-def sglang_unified(config: CacheConfig) -> SglangAdapter:
+def sglang_unified(config: spec.CacheConfig) -> SglangAdapter:
     """SGLang 0.5.23's default server cache, ``UnifiedRadixCache`` with one full-attention component
     (``--engine pagedprefix.conformance.engines.sglang:sglang_unified``)."""
     return SglangAdapter(config, tree="unified")
 
 
 @declare_channels(SGLANG_EXTRA_KEY_CHANNELS)
-def sglang_extra_key(config: CacheConfig) -> SglangAdapter:
+def sglang_extra_key(config: spec.CacheConfig) -> SglangAdapter:
     """SGLang's ``RadixCache`` with the spec's salt sent as SGLang's client-supplied ``extra_key``
     instead of its ``cache_salt`` (``--engine sglang-extra-key``; see "Extras" in the module
     docstring)."""
@@ -752,19 +519,20 @@ def swa_cache(block_size: int, full_pages: int, swa_pages: int, window: int, *, 
 
 
 @declare_channels(SGLANG_UNIFIED_EXTRA_KEY_CHANNELS)
-def sglang_unified_extra_key(config: CacheConfig) -> SglangAdapter:
+def sglang_unified_extra_key(config: spec.CacheConfig) -> SglangAdapter:
     """SGLang's ``UnifiedRadixCache`` (the server's default tree) with the spec's salt sent as
     ``extra_key`` (``--engine sglang-unified-extra-key``; "Extras" in the module docstring)."""
     return SglangAdapter(config, tree="unified", salt_as="extra_key")
 
 
 @declare_channels(SGLANG_CHANNELS)
-def sglang(config: CacheConfig) -> SglangAdapter:
+def sglang(config: spec.CacheConfig) -> SglangAdapter:
     """The conformance factory (``--engine pagedprefix.conformance.engines.sglang:sglang``)."""
     return SglangAdapter(config)
 
 
 __all__ = [
-    "CAPABILITIES", "SALT_CHANNELS", "STAND_INS", "VERSION", "SglangAdapter", "SwaCache", "lora_id_string",
-    "sglang", "sglang_extra_key", "sglang_unified", "sglang_unified_extra_key", "swa_cache",
+    "CAPABILITIES", "SALT_CHANNELS", "STAND_INS", "VERSION",
+    "SglangAdapter", "SwaCache", "lora_id_string", "sglang", "sglang_extra_key", "sglang_unified",
+    "sglang_unified_extra_key", "swa_cache", "unavailable_reason",
 ]

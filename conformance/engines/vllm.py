@@ -6,13 +6,12 @@ full-attention KV-cache group, so it drives ``KVCacheManager`` → ``UnitaryKVCa
 objects hashed by vLLM's own ``get_request_block_hasher``. Nothing of vLLM is re-implemented here:
 the adapter only translates arguments and results.
 
-Two ways to load it (``pagedprefix.conformance.engines._harness``):
-
-- a fully installed vLLM (an engine team's environment): every module is the real one, nothing is
-  replaced (``loaded().mode == "real"``);
-- a CPU-only machine with the wheel installed ``--no-deps`` (see ``conformance/engines/README.md``):
-  the real cache modules, with the stand-ins of :data:`STAND_INS` for the modules around them that do
-  not import without CUDA, tokenizers or servers (``loaded().mode == "harness"``).
+Two ways to load it (:mod:`pagedprefix.conformance.engines.vllm_load`): a fully installed vLLM
+(nothing is replaced, ``loaded().mode == "real"``), or a CPU-only machine with the wheel installed
+``--no-deps`` (``conformance/engines/README.md``), where the stand-ins of :data:`STAND_INS` replace
+the modules around the cache that do not import without CUDA, tokenizers or servers
+(``loaded().mode == "harness"``). What every engine adapter shares (capabilities, the live
+requests, errors, ``fork``) is :mod:`pagedprefix.conformance.engines._engine`.
 
 Mapping decisions
 -----------------
@@ -148,214 +147,30 @@ are and :meth:`VllmAdapter.take_events` maps onto :mod:`pagedprefix.spec.events`
 
 from __future__ import annotations
 
-import logging
-import os
-import types
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    Allocation,
-    AppendResult,
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    HybridAllocation,
-    HybridAppendResult,
-    OutOfBlocks,
-    RequestId,
-    UnknownRequest,
-    hash_granularity,
-    hit_alignment,
-    is_hybrid,
-)
+from pagedprefix import spec
 from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, EventBatch, GroupKey
 from pagedprefix.spec.extras import TAG_LORA, ExtraField
+from pagedprefix.spec.groups import Groups, KVCacheGroup
 from pagedprefix.spec.hybrid import config_groups
 
+from ..adapters import NumberedEvents
 from ..channels import Channel, declare_channels
 from ..event_check import UNTAGGED
-from ..protocol import ADAPTER_PROTOCOL_VERSION, AdapterBase, Capabilities, UnsupportedConfig
-from . import _harness
-from ._harness import Loaded, StandIn
-
-VERSION = "0.33.0"
-"""The vLLM release this adapter is written against (``pip install --no-deps vllm==0.33.0``)."""
+from ..protocol import UnsupportedConfig
+from ._engine import EngineAdapter, engine_capabilities, engine_request_id
+from .vllm_load import IMPORTS_NEEDED, STAND_INS, TARGETS, VERSION, SamplingParams, loaded, unavailable_reason
 
 MAX_MODEL_LEN = 2**31
 SAMPLING_MAX_TOKENS = 2**20
 HASH_NAMES: dict[str, str] = {"sha256": "sha256", "xxh3_128": "xxhash"}
 
-TARGETS: tuple[str, ...] = (
-    "vllm.v1.core.kv_cache_manager",
-    "vllm.v1.core.kv_cache_utils",
-    "vllm.v1.kv_cache_interface",
-    "vllm.v1.request",
-    "vllm.utils.hashing",
-    "vllm.lora.request",
-    "vllm.sampling_params",
-    "vllm.distributed.kv_events",
-)
-"""The real vLLM modules the adapter drives (all real in both modes)."""
-
-
-class SamplingParams:
-    """Stand-in for ``vllm.sampling_params.SamplingParams`` (the real one imports the tokenizer stack,
-    ``transformers``). ``Request.__init__`` and ``Request.get_skip_reading_prefix_cache`` read only
-    these four attributes; the KV-cache manager reads none."""
-
-    def __init__(self, max_tokens: int = 16) -> None:
-        self.max_tokens = max_tokens
-        self.extra_args: dict[str, Any] | None = None
-        self.structured_outputs: Any = None
-        self.skip_reading_prefix_cache: bool | None = None
-
-
-def _sampling_params(module: types.ModuleType) -> None:
-    SamplingParams.__module__ = module.__name__
-    module.SamplingParams = SamplingParams  # type: ignore[attr-defined]
-
-
-STAND_INS: tuple[StandIn, ...] = (
-    StandIn(
-        "vllm.distributed", "package",
-        "its __init__ imports the collective-communication stack (psutil, NCCL wrappers); the cache "
-        "needs only the real submodule vllm.distributed.kv_events (event classes, MEDIUM_*)",
-    ),
-    StandIn(
-        "vllm.config", "package",
-        "its __init__ imports every config class (transformers, the attention backends); the cache "
-        "imports VllmConfig and friends for annotations only, and KVCacheSpecRegistry calls "
-        "get_current_vllm_config_or_none() (re-exported from the partial vllm.config.vllm)",
-        names=("VllmConfig", "ModelConfig", "PoolerConfig", "SpeculativeConfig", "StructuredOutputsConfig"),
-        exports=(("get_current_vllm_config_or_none", "vllm.config.vllm"),),
-    ),
-    StandIn(
-        "vllm.config.vllm", "partial",
-        "VllmConfig's module imports transformers; only the current-config global and its getter "
-        "(None: no config was set, as in a bare KVCacheManager) are needed",
-        names=("_current_vllm_config", "get_current_vllm_config_or_none"),
-    ),
-    StandIn(
-        "vllm.utils.network_utils", "placeholder",
-        "imports psutil; kv_events uses these only in its ZMQ publisher, which the adapter never builds",
-        names=("get_ip", "get_tcp_uri", "is_valid_ipv6_address", "split_zmq_path"),
-    ),
-    StandIn(
-        "vllm.multimodal", "package",
-        "its __init__ imports Pillow; the cache imports two names from submodules",
-    ),
-    StandIn(
-        "vllm.multimodal.utils", "placeholder",
-        "imports Pillow; get_mm_features_in_window is called only for requests with multimodal "
-        "features, which the adapter never sends (mm is not declared)",
-        names=("get_mm_features_in_window",),
-    ),
-    StandIn(
-        "vllm.multimodal.inputs", "placeholder",
-        "imports Pillow; MultiModalFeatureSpec is an annotation in Request",
-        names=("MultiModalFeatureSpec",),
-    ),
-    StandIn(
-        "vllm.sampling_params", "custom",
-        "imports the tokenizer stack (transformers); Request reads four attributes of it "
-        "(SamplingParams in this module), StructuredOutputsParams is an annotation",
-        names=("StructuredOutputsParams",),
-        build=_sampling_params,
-    ),
-    StandIn(
-        "vllm.pooling_params", "placeholder",
-        "imports vllm.sampling_params' real enums and the config stack; Request gets pooling_params=None",
-        names=("PoolingParams",),
-    ),
-    StandIn(
-        "vllm.compilation.cuda_graph", "placeholder",
-        "imports the CUDA-graph and NCCL stack (psutil); CUDAGraphStat is an annotation in "
-        "vllm.v1.metrics.stats",
-        names=("CUDAGraphStat",),
-    ),
-    StandIn(
-        "vllm.v1.metrics.perf", "placeholder",
-        "imports prometheus_client; PerfStats is an annotation in vllm.v1.metrics.stats",
-        names=("PerfStats",),
-    ),
-    StandIn(
-        "vllm.v1.spec_decode.metrics", "placeholder",
-        "imports prometheus_client; SpecDecodingStats is an annotation in vllm.v1.metrics.stats",
-        names=("SpecDecodingStats",),
-    ),
-    StandIn(
-        "vllm.v1.outputs", "placeholder",
-        "imports the scheduler output and multimodal stack; these are annotations in vllm.v1.engine",
-        names=("LogprobsLists", "LogprobsTensors", "SamplingMaskLists"),
-    ),
-    StandIn(
-        "vllm.v1.serial_utils", "placeholder",
-        "imports cloudpickle and the multimodal stack; UtilityResult is an annotation in vllm.v1.engine",
-        names=("UtilityResult",),
-    ),
-    StandIn(
-        "vllm.v1.structured_output", "package",
-        "its __init__ imports the grammar backends (openai, xgrammar); Request needs the real "
-        "submodule vllm.v1.structured_output.request",
-    ),
-    StandIn(
-        "vllm.v1.utils", "partial",
-        "imports uvloop, psutil and the engine-process utilities; Request needs vLLM's own "
-        "ConstantList (the read-only token views the block hasher slices) and kv_cache_utils "
-        "tensor_data (prompt-embeds hashing, not driven)",
-        names=("T", "ConstantList", "tensor_data"),
-    ),
-)
-"""The harness's stand-ins, in the order they are tried (each only when its real module fails)."""
-
-_LOADED: Loaded | None = None
-
-
-IMPORTS_NEEDED = ("torch", "numpy", "msgspec", "cbor2", "zmq", "regex", "pydantic")
-"""What vLLM's cache modules import besides vLLM itself (conformance/engines/README.md)."""
-
-
-def unavailable_reason() -> str | None:
-    """Why this adapter cannot run here (vLLM missing, another release, or a module its cache
-    imports missing), without importing vLLM; ``None`` when it can. For tests and benchmarks that
-    skip without it."""
-    import importlib.metadata
-    import importlib.util
-
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "vllm is not installed (pip install --no-deps vllm==0.33.0; see conformance/engines/README.md)"
-    if version != VERSION:
-        return f"the adapter is written against vllm {VERSION}, {version} is installed"
-    missing = [m for m in IMPORTS_NEEDED if importlib.util.find_spec(m) is None]
-    if missing:
-        return f"vllm is installed but {', '.join(missing)} is not (conformance/engines/README.md)"
-    return None
-
-
-def loaded() -> Loaded:
-    """vLLM's cache modules, loaded once (real if possible, else through the harness).
-
-    Raises :class:`~pagedprefix.conformance.protocol.EngineUnavailable` when vLLM is not installed.
-    """
-    global _LOADED
-    if _LOADED is None:
-        _LOADED = _harness.load("vllm", "vllm", TARGETS, STAND_INS)
-        if "VLLM_LOGGING_LEVEL" not in os.environ:
-            # vLLM warns on every refused reset_prefix_cache and every xxhash root; a conformance
-            # run makes thousands of those. VLLM_LOGGING_LEVEL, when set, is left in charge.
-            logging.getLogger("vllm").setLevel(logging.ERROR)
-    return _LOADED
-
-
-def vllm_request_id(request_id: RequestId) -> str:
-    """vLLM's string id for a spec request id (``1`` and ``"1"`` stay apart)."""
-    return f"{type(request_id).__name__}:{request_id}"
+vllm_request_id = engine_request_id
+"""vLLM's string id for a spec request id (``1`` and ``"1"`` stay apart)."""
 
 
 def lora_path(lora_id: int) -> str:
@@ -363,48 +178,119 @@ def lora_path(lora_id: int) -> str:
     return f"pagedprefix-lora-id:{lora_id}"
 
 
-CAPABILITIES = Capabilities(
-    fork=False,
+def hash_name(config: spec.CacheConfig) -> str:
+    """vLLM's name of the config's hash; ``UnsupportedConfig`` where vLLM has none."""
+    algo = HASH_NAMES.get(config.hash_algo)
+    if algo is None:
+        raise UnsupportedConfig(f"vLLM has no counterpart of hash_algo={config.hash_algo!r}")
+    return algo
+
+
+CAPABILITIES = engine_capabilities(
     ref_cnt=True,
     free_queue=True,
-    keys=False,
-    reset=True,
-    input_errors=False,
-    extras=frozenset({"lora", "cache_salt"}),
     free_order="unhashed_to_head",
     dedup_on_full=False,
     exact_ids=True,
     publish="allocation",
     publish_decode="append",
-    lookup=True,
     lookup_is_pure=True,
-    block_sizes=None,
-    weak_hash=False,
-    verify_tokens=False,
     spells_extras=False,
     groups=frozenset({"full", "sliding", "chunked"}),
     retention="replay",
     group_free_order="group_major",
     same_step_state="defer",
-    events=False,
-    protocol_version=ADAPTER_PROTOCOL_VERSION,
 )
 
 
-class VllmAdapter(AdapterBase):
+class VllmRequests(EngineAdapter):
+    """What the 0.33.0 adapter and the older releases' (:mod:`.vllm_release`) share: vLLM's
+    ``Request`` per live id, the refusal of ``allocate_slots`` as ``OutOfBlocks``, a refused
+    append undone on the adapter's own ``Request``, and ``free``."""
+
+    engine = "vLLM"
+    block_size: int
+    num_blocks: int
+    manager: Any
+
+    def _refusing(self) -> str:
+        return self.engine
+
+    def num_free_blocks(self) -> int:
+        raise NotImplementedError
+
+    def _forget_hashes(self, request: Any) -> None:
+        """Drops the manager's per-request state beyond its blocks (none from 0.10.1 on)."""
+
+    def _out_of_blocks(self, request: Any, held: int) -> spec.OutOfBlocks:
+        total = -(-request.num_tokens // self.block_size)
+        free = self.num_free_blocks()
+        return spec.OutOfBlocks(
+            total - held, free, self.num_blocks, total,
+            message=f"{self._refusing()}'s allocate_slots refused: {total - held} more blocks, {free} free",
+        )
+
+    def _append(
+        self, request: Any, tokens: Sequence[int], grow: Callable[[Any, int], Any],
+        refusal: Callable[[], spec.OutOfBlocks],
+    ) -> None:
+        """``tokens`` appended to ``request`` and its slots grown by ``grow``; when ``grow`` refuses
+        (``None``), the tokens are taken back off the adapter's own ``Request`` (input it built,
+        not engine state) and ``refusal()`` is raised."""
+        all_ids, out_ids = request._all_token_ids, request._output_token_ids
+        hashes = getattr(request, "block_hashes", None)
+        n_all, n_out = len(all_ids), len(out_ids)
+        n_hashes = len(hashes) if isinstance(hashes, list) else 0
+        request.append_output_token_ids(list(tokens))
+        if grow(request, len(tokens)) is None:
+            error = refusal()
+            del all_ids[n_all:], out_ids[n_out:]
+            if isinstance(hashes, list):
+                del hashes[n_hashes:]
+            raise error
+        request.num_computed_tokens = request.num_tokens
+
+    def free(self, request_id: spec.RequestId) -> None:
+        vid, request = self._live(request_id)
+        self.manager.free(request)
+        self._forget_hashes(request)
+        del self.requests[vid]
+
+    def block_tables(self, request_id: spec.RequestId) -> tuple[tuple[int | None, ...], ...]:
+        """The one group's table (a hybrid config gets :class:`VllmHybridAdapter`)."""
+        return (self.block_table(request_id),)
+
+
+def _kv_cache_spec(iface: Any, group: KVCacheGroup, dtype: Any) -> Any:
+    """vLLM's ``KVCacheSpec`` of one group (the head geometry only sizes tensors never allocated)."""
+    common = {"block_size": group.block_size, "num_kv_heads": 1, "head_size": 1, "dtype": dtype}
+    if group.kind == "sliding":
+        return iface.SlidingWindowSpec(sliding_window=group.window, **common)
+    if group.kind == "chunked":
+        return iface.ChunkedLocalAttentionSpec(attention_chunk_size=group.chunk, **common)
+    return iface.FullAttentionSpec(**common)
+
+
+class VllmAdapter(NumberedEvents, VllmRequests):
     """One vLLM ``KVCacheManager`` seen through the spec's operations (see the module docstring)."""
 
     capabilities = CAPABILITIES
 
-    def __init__(self, config: CacheConfig, *, kv_events: bool = False) -> None:
+    def __init__(self, config: spec.CacheConfig, *, kv_events: bool = False) -> None:
         if kv_events:  # the event stream is judged (SEMANTICS.md 9); hybrid configs: VllmHybridAdapter
             self.capabilities = replace(CAPABILITIES, events=True)
-        self.next_seq = 0
-        algo = HASH_NAMES.get(config.hash_algo)
-        if algo is None:
-            raise UnsupportedConfig(f"vLLM has no counterpart of hash_algo={config.hash_algo!r}")
+        algo = hash_name(config)
         if config.verify_tokens:
             raise UnsupportedConfig("vLLM has no verify_tokens")
+        self.block_size = config.block_size
+        self._build(config, algo, config_groups(config), config.block_size, kv_events)
+
+    def _build(
+        self, config: spec.CacheConfig, algo: str, groups: Groups, align: int, kv_events: bool,
+        **kv_cache_config: Any,
+    ) -> None:
+        """vLLM's manager over one KV-cache group per group of ``groups``, scheduled in ``align``
+        tokens and hashed in ``self.block_size`` ones, as vLLM's engine core builds it."""
         mods = loaded().modules
         torch = __import__("torch")
         iface = mods["vllm.v1.kv_cache_interface"]
@@ -413,21 +299,19 @@ class VllmAdapter(AdapterBase):
         self._utils = utils
         self._lora_cls: Callable[..., Any] = mods["vllm.lora.request"].LoRARequest
         self._sampling_cls: Callable[..., Any] = mods["vllm.sampling_params"].SamplingParams
-        self.block_size = config.block_size
         self.num_blocks = config.num_blocks
-        spec = iface.FullAttentionSpec(
-            block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-        )
-        kv_cache_config = iface.KVCacheConfig(
-            num_blocks=config.num_blocks + 1,
-            kv_cache_tensors=[],
-            kv_cache_groups=[iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)],
-        )
-        self.manager: Any = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
-            kv_cache_config,
+        kv_cache_groups = [
+            iface.KVCacheGroupSpec([f"model.layers.{i}.self_attn"], _kv_cache_spec(iface, g, torch.float32))
+            for i, g in enumerate(groups)
+        ]
+        self.manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
+            iface.KVCacheConfig(
+                num_blocks=config.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups,
+                **kv_cache_config,
+            ),
             max_model_len=MAX_MODEL_LEN,
-            scheduler_block_size=config.block_size,
-            hash_block_size=config.block_size,
+            scheduler_block_size=align,
+            hash_block_size=self.block_size,
             enable_caching=True,
             log_stats=False,
             enable_kv_cache_events=kv_events,
@@ -435,12 +319,12 @@ class VllmAdapter(AdapterBase):
         self.pool: Any = self.manager.block_pool
         hash_fn = mods["vllm.utils.hashing"].get_hash_fn_by_name(algo)
         utils.init_none_hash(hash_fn)
-        self._hasher = utils.get_request_block_hasher(config.block_size, hash_fn)
-        self.requests: dict[str, Any] = {}
+        self._hasher = utils.get_request_block_hasher(self.block_size, hash_fn)
+        self.requests = {}
 
     # ----- requests ---------------------------------------------------------------------------
 
-    def _request(self, vid: str, tokens: Sequence[int], extras: Extras) -> Any:
+    def _request(self, vid: str, tokens: Sequence[int], extras: spec.Extras) -> Any:
         lora = None
         if extras.lora is not None:
             name, lora_id = extras.lora.name, extras.lora.lora_id
@@ -455,70 +339,56 @@ class VllmAdapter(AdapterBase):
             block_hasher=self._hasher,
         )
 
-    def _live(self, request_id: RequestId) -> tuple[str, Any]:
-        vid = vllm_request_id(request_id)
-        request = self.requests.get(vid)
-        if request is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
-        return vid, request
-
-    def _table(self, vid: str) -> tuple[int, ...]:
+    def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
         return tuple(b - 1 for b in self.manager.get_block_ids(vid)[0])
 
-    def _out_of_blocks(self, request: Any, held: int) -> OutOfBlocks:
-        total = -(-request.num_tokens // self.block_size)
-        free = self.pool.get_num_free_blocks()
-        return OutOfBlocks(
-            total - held, free, self.num_blocks, total,
-            message=f"vLLM's allocate_slots refused: {total - held} more blocks, {free} free",
-        )
-
-    # ----- operations -------------------------------------------------------------------------
-
-    def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> Allocation:
-        vid = vllm_request_id(request_id)
-        if vid in self.requests:
-            raise DuplicateRequest(f"request {request_id!r} is live")
+    def _admit(
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras
+    ) -> tuple[str, int]:
+        """Admits a request as vLLM's scheduler does (its engine id and hit length); ``None`` from
+        ``allocate_slots`` raises :meth:`_refused`."""
+        vid = self._new_id(request_id)
         request = self._request(vid, tokens, extras)
-        hit_blocks, hit, _ = self.manager.get_computed_blocks(request)
+        hit_blocks, hit, junction = self.manager.get_computed_blocks(request)
+        self._keep_junction(request, junction)
         new_blocks = self.manager.allocate_slots(
             request, request.num_tokens - hit, hit, hit_blocks, full_sequence_must_fit=True
         )
         if new_blocks is None:
-            raise self._out_of_blocks(request, hit // self.block_size)
+            raise self._refused(request, hit // self.block_size)
         request.num_computed_tokens = request.num_tokens
         request.status = self._req_mod.RequestStatus.RUNNING
         self.requests[vid] = request
-        return Allocation(hit, self._table(vid))
+        return vid, hit
 
-    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+    def _keep_junction(self, request: Any, junction: Any) -> None:
+        """One group has no junction to retain (hybrid configs: :class:`VllmHybridAdapter`)."""
+
+    def _refused(self, request: Any, held: int) -> spec.OutOfBlocks:
+        return self._out_of_blocks(request, held)
+
+    # ----- operations -------------------------------------------------------------------------
+
+    def allocate(
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.Allocation:
+        vid, hit = self._admit(request_id, tokens, extras)
+        return spec.Allocation(hit, self._table(vid))
+
+    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
         vid, request = self._live(request_id)
-        all_ids, out_ids, hashes = request._all_token_ids, request._output_token_ids, request.block_hashes
-        n_all, n_out, n_hashes = len(all_ids), len(out_ids), len(hashes)
-        request.append_output_token_ids(list(tokens))
-        if self.manager.allocate_slots(request, len(tokens)) is None:
-            error = self._out_of_blocks(request, len(self.manager.get_block_ids(vid)[0]))
-            del all_ids[n_all:], out_ids[n_out:], hashes[n_hashes:]
-            raise error
-        request.num_computed_tokens = request.num_tokens
-        return AppendResult((), self._table(vid))
+        self._append(
+            request, tokens, self.manager.allocate_slots,
+            lambda: self._out_of_blocks(request, len(self.manager.get_block_ids(vid)[0])),
+        )
+        return spec.AppendResult((), self._table(vid))
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        raise NotImplementedError("vLLM has no block-level fork (capability fork=False)")
-
-    def free(self, request_id: RequestId) -> None:
-        vid, request = self._live(request_id)
-        self.manager.free(request)
-        del self.requests[vid]
-
-    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+    def lookup(self, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS) -> int:
         request = self._request("pagedprefix-lookup", tokens, extras)
         _, hit, _ = self.manager.get_computed_blocks(request)
         return int(hit)
 
-    def request_keys(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> list[bytes]:
+    def request_keys(self, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS) -> list[bytes]:
         """The keys of the full blocks of a prompt, hashed by vLLM's own ``Request`` hasher
         (``get_request_block_hasher``) and in the form its events and :meth:`cached_keys` publish
         them (``maybe_convert_block_hash``, bytes): what a router must ask an index of vLLM
@@ -532,10 +402,6 @@ class VllmAdapter(AdapterBase):
 
     # ----- observations -----------------------------------------------------------------------
 
-    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
-        vid, _ = self._live(request_id)
-        return self._table(vid)
-
     def num_free_blocks(self) -> int:
         return int(self.pool.get_num_free_blocks())
 
@@ -544,10 +410,6 @@ class VllmAdapter(AdapterBase):
 
     def free_blocks(self) -> tuple[int, ...]:
         return tuple(b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks())
-
-    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
-        """The one group's table (a hybrid config gets :class:`VllmHybridAdapter`)."""
-        return (self.block_table(request_id),)
 
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts()`` (a step boundary; vLLM defers same-step states)."""
@@ -562,12 +424,7 @@ class VllmAdapter(AdapterBase):
     def take_events(self) -> list[EventBatch]:
         """vLLM's events since the last call mapped onto :mod:`pagedprefix.spec.events` (module
         docstring), as one batch numbered 0, 1, … (none when vLLM queued nothing)."""
-        events = [self._event(e) for e in self.take_vllm_events()]
-        if not events:
-            return []
-        batch = EventBatch(self.next_seq, tuple(events))
-        self.next_seq += 1
-        return [batch]
+        return self._numbered([self._event(e) for e in self.take_vllm_events()])
 
     def cached_keys(self) -> Counter[GroupKey]:
         """vLLM's index, ``BlockPool.cached_block_hash_to_block``: blocks per key, with keys in the
@@ -602,8 +459,6 @@ class VllmAdapter(AdapterBase):
             return AllBlocksCleared()
         raise TypeError(f"vLLM queued an unknown KV-cache event {e!r:.200}")
 
-    def close(self) -> None:
-        self.requests.clear()
 
 
 def external_key(value: object) -> bytes:
@@ -630,56 +485,18 @@ class VllmHybridAdapter(VllmAdapter):
     """vLLM's ``HybridKVCacheCoordinator`` over one pool, for a config with hybrid groups (module
     docstring, "Hybrid KV-cache groups")."""
 
-    def __init__(self, config: CacheConfig, *, kv_events: bool = False) -> None:
-        algo = HASH_NAMES.get(config.hash_algo)
-        if algo is None:
-            raise UnsupportedConfig(f"vLLM has no counterpart of hash_algo={config.hash_algo!r}")
+    def __init__(self, config: spec.CacheConfig, *, kv_events: bool = False) -> None:
+        algo = hash_name(config)
         groups = config_groups(config)
         if any(g.kind == "mamba" for g in groups):
             raise UnsupportedConfig("Mamba groups are not driven (module docstring)")
-        mods = loaded().modules
-        torch = __import__("torch")
-        iface = mods["vllm.v1.kv_cache_interface"]
-        utils = mods["vllm.v1.core.kv_cache_utils"]
-        self._req_mod = mods["vllm.v1.request"]
-        self._lora_cls = mods["vllm.lora.request"].LoRARequest
-        self._sampling_cls = mods["vllm.sampling_params"].SamplingParams
         self.groups = groups
-        self._utils = utils
-        self.next_seq = 0
-        self.block_size = hash_granularity(groups)
-        self.align = hit_alignment(groups)
-        self.num_blocks = config.num_blocks
-        specs = []
-        for i, g in enumerate(groups):
-            common = {"block_size": g.block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
-            if g.kind == "sliding":
-                spec = iface.SlidingWindowSpec(sliding_window=g.window, **common)
-            elif g.kind == "chunked":
-                spec = iface.ChunkedLocalAttentionSpec(attention_chunk_size=g.chunk, **common)
-            else:
-                spec = iface.FullAttentionSpec(**common)
-            specs.append(iface.KVCacheGroupSpec([f"model.layers.{i}.self_attn"], spec))
-        kv_cache_config = iface.KVCacheConfig(
-            num_blocks=config.num_blocks + 1,
-            kv_cache_tensors=[],
-            kv_cache_groups=specs,
+        self.block_size = spec.hash_granularity(groups)
+        self.align = spec.hit_alignment(groups)
+        self._build(
+            config, algo, groups, self.align, kv_events,
             prefix_cache_retention_interval=0 if config.retention == "replay" else None,
         )
-        self.manager = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
-            kv_cache_config,
-            max_model_len=MAX_MODEL_LEN,
-            scheduler_block_size=self.align,
-            hash_block_size=self.block_size,
-            enable_caching=True,
-            log_stats=False,
-            enable_kv_cache_events=kv_events,
-        )
-        self.pool = self.manager.block_pool
-        hash_fn = mods["vllm.utils.hashing"].get_hash_fn_by_name(algo)
-        utils.init_none_hash(hash_fn)
-        self._hasher = utils.get_request_block_hasher(self.block_size, hash_fn)
-        self.requests = {}
         # The retention follows the config (prefix_cache_retention_interval); the free order is
         # KVCacheCoordinator.free's group-major one whatever the config says (vLLM's
         # reversed-concatenated order is the scheduler's deferred-free path, not driven here).
@@ -690,49 +507,35 @@ class VllmHybridAdapter(VllmAdapter):
     def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
         return tuple(tuple(None if b == 0 else b - 1 for b in t) for t in self.manager.get_block_ids(vid))
 
-    def _table(self, vid: str) -> tuple[int, ...]:
+    def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
         return tuple(b for b in self._tables(vid)[0] if b is not None)
 
-    def _hybrid_out_of_blocks(self, request: Any) -> OutOfBlocks:
+    def _keep_junction(self, request: Any, junction: Any) -> None:
+        # The scheduler stores the junction get_computed_blocks returns on the request
+        # (Scheduler.schedule: request.shared_prefix_boundary); cache_blocks retains it.
+        request.shared_prefix_boundary = junction
+
+    def _refused(self, request: Any, held: int) -> spec.OutOfBlocks:
         total = sum(-(-request.num_tokens // g.block_size) for g in self.groups)
         free = self.pool.get_num_free_blocks()
-        return OutOfBlocks(
+        return spec.OutOfBlocks(
             None, free, self.num_blocks, total, message=f"vLLM's allocate_slots refused ({free} blocks free)"
         )
 
     def allocate(  # type: ignore[override]
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> HybridAllocation:
-        vid = vllm_request_id(request_id)
-        if vid in self.requests:
-            raise DuplicateRequest(f"request {request_id!r} is live")
-        request = self._request(vid, tokens, extras)
-        # The scheduler stores the junction get_computed_blocks returns on the request
-        # (Scheduler.schedule: request.shared_prefix_boundary); cache_blocks retains it.
-        hit_blocks, hit, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
-        new_blocks = self.manager.allocate_slots(
-            request, request.num_tokens - hit, hit, hit_blocks, full_sequence_must_fit=True
-        )
-        if new_blocks is None:
-            raise self._hybrid_out_of_blocks(request)
-        request.num_computed_tokens = request.num_tokens
-        request.status = self._req_mod.RequestStatus.RUNNING
-        self.requests[vid] = request
-        return HybridAllocation(int(hit), self._tables(vid))
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.HybridAllocation:
+        vid, hit = self._admit(request_id, tokens, extras)
+        return spec.HybridAllocation(int(hit), self._tables(vid))
 
-    def append(self, request_id: RequestId, tokens: Sequence[int]) -> HybridAppendResult:  # type: ignore[override]
+    def append(  # type: ignore[override]
+        self, request_id: spec.RequestId, tokens: Sequence[int]
+    ) -> spec.HybridAppendResult:
         vid, request = self._live(request_id)
-        all_ids, out_ids, hashes = request._all_token_ids, request._output_token_ids, request.block_hashes
-        n_all, n_out, n_hashes = len(all_ids), len(out_ids), len(hashes)
-        request.append_output_token_ids(list(tokens))
-        if self.manager.allocate_slots(request, len(tokens)) is None:
-            error = self._hybrid_out_of_blocks(request)
-            del all_ids[n_all:], out_ids[n_out:], hashes[n_hashes:]
-            raise error
-        request.num_computed_tokens = request.num_tokens
-        return HybridAppendResult((), self._tables(vid))
+        self._append(request, tokens, self.manager.allocate_slots, lambda: self._refused(request, 0))
+        return spec.HybridAppendResult((), self._tables(vid))
 
-    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
+    def block_tables(self, request_id: spec.RequestId) -> tuple[tuple[int | None, ...], ...]:
         vid, _ = self._live(request_id)
         return self._tables(vid)
 
@@ -812,20 +615,27 @@ VLLM_EVENTS_CHANNELS: tuple[Channel, ...] = (
 
 
 @declare_channels(VLLM_CHANNELS)
-def vllm(config: CacheConfig) -> VllmAdapter:
+def vllm(config: spec.CacheConfig) -> VllmAdapter:
     """The conformance factory: ``pagedprefix conform --engine pagedprefix.conformance.engines.vllm:vllm``
     (a hybrid config gets :class:`VllmHybridAdapter`)."""
-    if is_hybrid(config.groups, config.block_size):
+    if spec.is_hybrid(config.groups, config.block_size):
         return VllmHybridAdapter(config)
     return VllmAdapter(config)
 
 
 @declare_channels(VLLM_EVENTS_CHANNELS)
-def vllm_with_events(config: CacheConfig) -> VllmAdapter:
+def vllm_with_events(config: spec.CacheConfig) -> VllmAdapter:
     """Like :func:`vllm`, with vLLM's KV-cache event queue on and capability ``events``
     (``--engine vllm-events``): ``take_events()`` maps vLLM's events onto the spec's,
     ``take_vllm_events()`` returns vLLM's own objects. A hybrid config gets
     :class:`VllmHybridAdapter` with the queue on: one stream, each event with its ``group_idx``."""
-    if is_hybrid(config.groups, config.block_size):
+    if spec.is_hybrid(config.groups, config.block_size):
         return VllmHybridAdapter(config, kv_events=True)
     return VllmAdapter(config, kv_events=True)
+
+
+__all__ = [
+    "CAPABILITIES", "HASH_NAMES", "IMPORTS_NEEDED", "STAND_INS", "TARGETS", "VERSION", "SamplingParams",
+    "VllmAdapter", "VllmHybridAdapter", "external_key", "loaded", "lora_path", "unavailable_reason",
+    "untagged_bytes", "vllm", "vllm_request_id", "vllm_with_events",
+]

@@ -76,23 +76,12 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    Allocation,
-    AppendResult,
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    OutOfBlocks,
-    RequestId,
-    UnknownRequest,
-    is_hybrid,
-)
+from pagedprefix import spec
 
-from ..protocol import AdapterBase, Capabilities, EngineUnavailable, UnsupportedConfig
+from ..protocol import Capabilities, EngineUnavailable, UnsupportedConfig
 from . import _release
 from .vllm import CAPABILITIES as CAPABILITIES_0_33
-from .vllm import MAX_MODEL_LEN, SAMPLING_MAX_TOKENS, lora_path, vllm_request_id
+from .vllm import MAX_MODEL_LEN, SAMPLING_MAX_TOKENS, VllmRequests, lora_path
 
 TARGETS: tuple[str, ...] = (
     "vllm.v1.core.kv_cache_manager",
@@ -288,11 +277,11 @@ def load(root: Path) -> tuple[_release.Release, ReleaseInfo]:
     return _STATE["release"], _STATE["info"]
 
 
-class ReleaseAdapter(AdapterBase):
+class ReleaseAdapter(VllmRequests):
     """One release's ``KVCacheManager`` seen through the spec's operations (module docstring)."""
 
-    def __init__(self, config: CacheConfig, release: _release.Release, info: ReleaseInfo) -> None:
-        if is_hybrid(config.groups, config.block_size):
+    def __init__(self, config: spec.CacheConfig, release: _release.Release, info: ReleaseInfo) -> None:
+        if spec.is_hybrid(config.groups, config.block_size):
             raise UnsupportedConfig("hybrid groups are not declared in the history rows")
         algo = info.hash_names.get(config.hash_algo)
         if algo is None:
@@ -380,8 +369,8 @@ class ReleaseAdapter(AdapterBase):
             "use_mla": False,
             "sliding_window": None,
         }
-        spec = _construct(iface.FullAttentionSpec, spec_values, self.info.version)
-        group = iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)
+        kv_spec = _construct(iface.FullAttentionSpec, spec_values, self.info.version)
+        group = iface.KVCacheGroupSpec(["model.layers.0.self_attn"], kv_spec)
         cfg_values: dict[str, Any] = {
             "num_blocks": num_blocks,
             "kv_cache_tensors": [],
@@ -395,7 +384,7 @@ class ReleaseAdapter(AdapterBase):
 
     # ----- requests ---------------------------------------------------------------------------
 
-    def _lora(self, extras: Extras) -> Any:
+    def _lora(self, extras: spec.Extras) -> Any:
         if extras.lora is None:
             return None
         name, lora_id = extras.lora.name, extras.lora.lora_id
@@ -404,7 +393,7 @@ class ReleaseAdapter(AdapterBase):
         int_id = self._lora_ids.setdefault((name, lora_id), len(self._lora_ids) + 1)
         return self._lora_cls(lora_name=name, lora_int_id=int_id, lora_path=lora_path(lora_id))
 
-    def _request(self, vid: str, tokens: Sequence[int], extras: Extras) -> Any:
+    def _request(self, vid: str, tokens: Sequence[int], extras: spec.Extras) -> Any:
         Request = self._req_mod.Request
         params = _params(Request.__init__)
         sampling = self._sampling_cls(max_tokens=SAMPLING_MAX_TOKENS)
@@ -441,13 +430,6 @@ class ReleaseAdapter(AdapterBase):
             raise UnsupportedConfig(f"vllm {self.info.version} has no cache_salt")
         return Request(**kwargs)
 
-    def _live(self, request_id: RequestId) -> tuple[str, Any]:
-        vid = vllm_request_id(request_id)
-        request = self.requests.get(vid)
-        if request is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
-        return vid, request
-
     def _blocks(self, vid: str) -> list[Any]:
         holders = [self.manager]
         coordinator = getattr(self.manager, "coordinator", None)
@@ -462,7 +444,7 @@ class ReleaseAdapter(AdapterBase):
                 return list(r2b.get(vid, []))
         raise EngineUnavailable(f"vllm {self.info.version}: no req_to_blocks found")
 
-    def _table(self, vid: str) -> tuple[int, ...]:
+    def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
         return tuple(b.block_id - self.shift for b in self._blocks(vid))
 
     def _forget_hashes(self, request: Any) -> None:
@@ -470,17 +452,8 @@ class ReleaseAdapter(AdapterBase):
         if drop is not None:
             drop(request)
 
-    def _out_of_blocks(self, request: Any, held: int) -> OutOfBlocks:
-        total = -(-request.num_tokens // self.block_size)
-        free = self.num_free_blocks()
-        return OutOfBlocks(
-            total - held,
-            free,
-            self.num_blocks,
-            total,
-            message=f"vLLM {self.info.version}'s allocate_slots refused: "
-            f"{total - held} more blocks, {free} free",
-        )
+    def _refusing(self) -> str:
+        return f"vLLM {self.info.version}"
 
     def _computed(self, request: Any) -> tuple[Any, int]:
         result = self.manager.get_computed_blocks(request)
@@ -503,11 +476,9 @@ class ReleaseAdapter(AdapterBase):
     # ----- operations -------------------------------------------------------------------------
 
     def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> Allocation:
-        vid = vllm_request_id(request_id)
-        if vid in self.requests:
-            raise DuplicateRequest(f"request {request_id!r} is live")
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.Allocation:
+        vid = self._new_id(request_id)
         request = self._request(vid, tokens, extras)
         blocks, hit = self._computed(request)
         new = request.num_tokens - hit
@@ -527,35 +498,15 @@ class ReleaseAdapter(AdapterBase):
         request.num_computed_tokens = request.num_tokens
         request.status = self._req_mod.RequestStatus.RUNNING
         self.requests[vid] = request
-        return Allocation(hit, self._table(vid))
+        return spec.Allocation(hit, self._table(vid))
 
-    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
         vid, request = self._live(request_id)
-        all_ids, out_ids = request._all_token_ids, request._output_token_ids
-        hashes = getattr(request, "block_hashes", None)
-        n_all, n_out = len(all_ids), len(out_ids)
-        n_hashes = len(hashes) if isinstance(hashes, list) else 0
-        request.append_output_token_ids(list(tokens))
         grow = self.manager.append_slots if self._has_append_slots else self.manager.allocate_slots
-        if grow(request, len(tokens)) is None:
-            error = self._out_of_blocks(request, len(self._blocks(vid)))
-            del all_ids[n_all:], out_ids[n_out:]
-            if isinstance(hashes, list):
-                del hashes[n_hashes:]
-            raise error
-        request.num_computed_tokens = request.num_tokens
-        return AppendResult((), self._table(vid))
+        self._append(request, tokens, grow, lambda: self._out_of_blocks(request, len(self._blocks(vid))))
+        return spec.AppendResult((), self._table(vid))
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
-        raise NotImplementedError("vLLM has no block-level fork (capability fork=False)")
-
-    def free(self, request_id: RequestId) -> None:
-        vid, request = self._live(request_id)
-        self.manager.free(request)
-        self._forget_hashes(request)
-        del self.requests[vid]
-
-    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+    def lookup(self, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS) -> int:
         self._lookups += 1
         request = self._request(f"pagedprefix-lookup-{self._lookups}", tokens, extras)
         _, hit = self._computed(request)
@@ -568,13 +519,6 @@ class ReleaseAdapter(AdapterBase):
         return bool(self.manager.reset_prefix_cache())
 
     # ----- observations -----------------------------------------------------------------------
-
-    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
-        vid, _ = self._live(request_id)
-        return self._table(vid)
-
-    def block_tables(self, request_id: RequestId) -> tuple[tuple[int | None, ...], ...]:
-        return (self.block_table(request_id),)
 
     def _queue(self) -> Any:
         pool = self.manager.block_pool
@@ -607,9 +551,6 @@ class ReleaseAdapter(AdapterBase):
         if self.info.new_step:
             self.manager.new_step_starts()
 
-    def close(self) -> None:
-        self.requests.clear()
-
 
 def _construct(cls: Any, values: dict[str, Any], version: str) -> Any:
     """``cls(**values)`` with only the fields ``cls`` declares (a dataclass's field list, else its
@@ -632,11 +573,11 @@ def _construct(cls: Any, values: dict[str, Any], version: str) -> Any:
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def release_factory(root: Path) -> Callable[[CacheConfig], ReleaseAdapter]:
+def release_factory(root: Path) -> Callable[[spec.CacheConfig], ReleaseAdapter]:
     """The conformance factory for the release extracted at ``root`` (loaded into this process)."""
     release, info = load(root)
 
-    def factory(config: CacheConfig) -> ReleaseAdapter:
+    def factory(config: spec.CacheConfig) -> ReleaseAdapter:
         return ReleaseAdapter(config, release, info)
 
     factory.capabilities = release_capabilities(info)  # type: ignore[attr-defined]
