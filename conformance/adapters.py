@@ -72,16 +72,11 @@ def spec_capabilities(config: CacheConfig, groups: bool = True, events: bool = F
     group with hybrid groups (SEMANTICS.md section 9, ``spec/events.py``), judged by the same
     counting subscriber, ``conformance/event_check.py``)."""
     return Capabilities(
-        keys=True,
-        free_order=config.free_order,
-        dedup_on_full=config.dedup_on_full,
-        exact_ids=True,
-        weak_hash=True,
-        verify_tokens=True,
-        groups=frozenset(GROUP_KINDS) if groups else frozenset(),
-        retention=config.retention,
+        keys=True, exact_ids=True, weak_hash=True, verify_tokens=True, events=events,
+        # the policies the config names
+        free_order=config.free_order, dedup_on_full=config.dedup_on_full, retention=config.retention,
         group_free_order=config.group_free_order,
-        events=events,
+        groups=frozenset(GROUP_KINDS) if groups else frozenset(),
         protocol_version=ADAPTER_PROTOCOL_VERSION,
     )
 
@@ -256,19 +251,10 @@ def impl(config: CacheConfig) -> PrefixCacheAdapter:
 
 
 RADIX_CAPABILITIES = Capabilities(
-    fork=True,
-    ref_cnt=True,
-    free_queue=True,
-    keys=False,
-    reset=True,
-    input_errors=True,
-    extras=ALL_EXTRA_KINDS,
-    free_order="other",
-    dedup_on_full=None,
-    exact_ids=False,
-    publish="allocation",
-    lookup_is_pure=True,
-    protocol_version=ADAPTER_PROTOCOL_VERSION,
+    fork=True, ref_cnt=True, free_queue=True, keys=False, exact_ids=False,  # what it shows
+    reset=True, input_errors=True, extras=ALL_EXTRA_KINDS,  # what it takes
+    free_order="other", dedup_on_full=None, lookup_is_pure=True,  # its policy: the tree's
+    publish="allocation", protocol_version=ADAPTER_PROTOCOL_VERSION,
 )
 """What the radix engine declares: every extra-key kind, its own eviction order (leaf-first LRU),
 duplicates kept privately, keys published at allocation, a pure ``lookup``."""

@@ -156,9 +156,11 @@ _CELLS: dict[str, list[Cell]] = {}
 
 
 @pytest.fixture
-def small_cells(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The matrix runs are real (small); ``run_cells`` is swapped only to keep them small."""
+def matrix_md(engine_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where a small matrix run writes. The runs are real; ``run_cells`` is swapped only to keep
+    them small."""
     monkeypatch.setattr(matrix_module, "run_cells", lambda e, groups, seed: _cells_of(e.name))
+    return engine_dir / "MATRIX.md"
 
 
 def _matrix_exit(name: str, out: Path, check: bool) -> int:
@@ -168,31 +170,27 @@ def _matrix_exit(name: str, out: Path, check: bool) -> int:
     return int(exited.value.exit_code)
 
 
-@pytest.mark.usefixtures("small_cells")
 def test_matrix_check_fails_on_a_driven_channel_no_example_reached(
-    engine_dir: Path, capsys: pytest.CaptureFixture[str]
+    matrix_md: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = "channel_eng:claims_mm"
-    out = engine_dir / "MATRIX.md"
-    assert _matrix_exit(name, out, check=False) == 1  # written, and failed
-    assert "| `mm` | `Extras.mm_items` | yes | `mm` | **no** | claimed, never sent |" in out.read_text()
-    assert _matrix_exit(name, out, check=True) == 1  # identical text, still a FAIL
+    assert _matrix_exit(name, matrix_md, check=False) == 1  # written, and failed
+    assert "| `mm` | `Extras.mm_items` | yes | `mm` | **no** | claimed, never sent |" in matrix_md.read_text()
+    assert _matrix_exit(name, matrix_md, check=True) == 1  # identical text, still a FAIL
     err = capsys.readouterr().err
     assert f"matrix: {name} declares channel 'mm' (Extras.mm_items) driven, but none of its 1 runs" in err
     assert "driven channels were not reached" in err
 
 
-@pytest.mark.usefixtures("small_cells")
 def test_matrix_check_passes_an_honest_declaration(
-    engine_dir: Path, capsys: pytest.CaptureFixture[str]
+    matrix_md: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = "channel_eng:honest"
-    out = engine_dir / "MATRIX.md"
-    _matrix_run([MatrixEngine(name, "")], out, None, False, 0)  # no Exit: nothing to report
-    text = out.read_text()
+    _matrix_run([MatrixEngine(name, "")], matrix_md, None, False, 0)  # no Exit: nothing to report
+    text = matrix_md.read_text()
     assert "| `lora` | `Extras.lora` | yes | `lora` | yes | the spec's LoRA |" in text
     assert "| `mm` | `Extras.mm_items` | no | `mm` | - | capability lacks mm |" in text
-    assert _matrix_exit(name, out, check=True) == 0
+    assert _matrix_exit(name, matrix_md, check=True) == 0
     assert "declares channel" not in capsys.readouterr().err
 
 

@@ -182,15 +182,9 @@ def lora_id_string(name: str, lora_id: int) -> str:
 
 
 CAPABILITIES = engine_capabilities(
-    ref_cnt=False,
-    free_queue=False,
-    free_order="other",
-    dedup_on_full=None,
-    exact_ids=False,
-    publish="step",
-    publish_decode="free",
-    lookup_is_pure=False,
-    spells_extras=True,
+    ref_cnt=False, free_queue=False, exact_ids=False, spells_extras=True,  # what it shows
+    free_order="other", dedup_on_full=None, lookup_is_pure=False,  # its policy: the tree's
+    publish="step", publish_decode="free",  # when keys become visible
     groups=frozenset(),
 )
 

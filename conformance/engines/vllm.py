@@ -187,18 +187,10 @@ def hash_name(config: spec.CacheConfig) -> str:
 
 
 CAPABILITIES = engine_capabilities(
-    ref_cnt=True,
-    free_queue=True,
-    free_order="unhashed_to_head",
-    dedup_on_full=False,
-    exact_ids=True,
-    publish="allocation",
-    publish_decode="append",
-    lookup_is_pure=True,
-    spells_extras=False,
-    groups=frozenset({"full", "sliding", "chunked"}),
-    retention="replay",
-    group_free_order="group_major",
+    ref_cnt=True, free_queue=True, exact_ids=True, spells_extras=False,  # what it shows
+    free_order="unhashed_to_head", dedup_on_full=False, lookup_is_pure=True,  # its policy
+    publish="allocation", publish_decode="append",  # when keys become visible
+    groups=frozenset({"full", "sliding", "chunked"}), retention="replay", group_free_order="group_major",
     same_step_state="defer",
 )
 
