@@ -578,31 +578,38 @@ _CHANNELS_COMMON: tuple[Channel, ...] = (
 )
 """vLLM 0.33's inputs that affect a block's key, driven or not (both factories)."""
 
-_REPORT_MODE = (
-    "with `\"full\"`, a hit re-publishes `BlockStored` for the reused blocks "
-    "(`KVCacheManager.get_computed_blocks`, `emit_cached_block_events`)"
-)
-VLLM_CHANNELS: tuple[Channel, ...] = (
-    *_CHANNELS_COMMON,
-    Channel("enable_kv_cache_events", "KVCacheManager(enable_kv_cache_events=...)", False, None,
-            "off here (vLLM's default); its event stream is judged in the `vllm-events` rows"),
-    Channel("kv_cache_report_mode", "SamplingParams.extra_args[\"kv_cache_report_mode\"]", False, None,
-            f"{_REPORT_MODE}; no events are on in these rows"),
-)
-"""The channels of ``--engine vllm`` (:mod:`pagedprefix.conformance.channels`)."""
+def _event_channels(events: bool) -> tuple[Channel, ...]:
+    """vLLM 0.33's inputs of its KV-cache event queue, off (``--engine vllm``) or on
+    (``--engine vllm-events``)."""
+    report_mode = (
+        "with `\"full\"`, a hit re-publishes `BlockStored` for the reused blocks "
+        "(`KVCacheManager.get_computed_blocks`, `emit_cached_block_events`); "
+    )
+    queue = "KVCacheManager(enable_kv_cache_events=...)"
+    report = 'SamplingParams.extra_args["kv_cache_report_mode"]'
+    if not events:
+        return (
+            Channel("enable_kv_cache_events", queue, False, None,
+                    "off here (vLLM's default); its event stream is judged in the `vllm-events` rows"),
+            Channel("kv_cache_report_mode", report, False, None,
+                    f"{report_mode}no events are on in these rows"),
+        )
+    return (
+        Channel("enable_kv_cache_events", queue, True, None,
+                "on: `BlockPool` queues `BlockStored` / `BlockRemoved` / `AllBlocksCleared`, taken after "
+                "every operation"),
+        Channel("kv_cache_report_mode", report, False, None,
+                f"{report_mode}left at `\"incremental\"` (`extra_args=None`): the spec's event model "
+                "(SEMANTICS.md section 9) stores a block once"),
+        Channel("int_block_hashes", "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", False, None,
+                "left at its default 1: events carry the low 64 bits of each key as an int "
+                "(`maybe_convert_block_hash`), mapped to 8 big-endian bytes"),
+    )
 
-VLLM_EVENTS_CHANNELS: tuple[Channel, ...] = (
-    *_CHANNELS_COMMON,  # hybrid configs too: ``VllmHybridAdapter(kv_events=True)``
-    Channel("enable_kv_cache_events", "KVCacheManager(enable_kv_cache_events=...)", True, None,
-            "on: `BlockPool` queues `BlockStored` / `BlockRemoved` / `AllBlocksCleared`, taken after "
-            "every operation"),
-    Channel("kv_cache_report_mode", "SamplingParams.extra_args[\"kv_cache_report_mode\"]", False, None,
-            f"{_REPORT_MODE}; left at `\"incremental\"` (`extra_args=None`): the spec's event model "
-            "(SEMANTICS.md section 9) stores a block once"),
-    Channel("int_block_hashes", "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", False, None,
-            "left at its default 1: events carry the low 64 bits of each key as an int "
-            "(`maybe_convert_block_hash`), mapped to 8 big-endian bytes"),
-)
+
+VLLM_CHANNELS = (*_CHANNELS_COMMON, *_event_channels(False))
+"""The channels of ``--engine vllm`` (:mod:`pagedprefix.conformance.channels`)."""
+VLLM_EVENTS_CHANNELS = (*_CHANNELS_COMMON, *_event_channels(True))  # hybrid configs too (kv_events=True)
 """The channels of ``--engine vllm-events``."""
 
 
