@@ -206,6 +206,7 @@ class VllmRequests(EngineAdapter):
     manager: Any
 
     def _refusing(self) -> str:
+        """Who refuses, in an ``OutOfBlocks`` message (the release adapter names its release)."""
         return self.engine
 
     def num_free_blocks(self) -> int:
