@@ -16,39 +16,23 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    CacheConfig,
-    Deferred,
-    DuplicateRequest,
-    Extras,
-    InvalidConfig,
-    InvalidExtras,
-    InvalidRequestId,
-    InvalidTokens,
-    LoRA,
-    MultiModalItem,
-    OutOfBlocks,
-    PrefixCacheError,
-    PromptEmbeds,
-    UnknownRequest,
-)
+from pagedprefix import spec
 from pagedprefix.spec.groups import KVCacheGroup
 
 Json = Any
 
-ERROR_CLASSES: tuple[type[PrefixCacheError], ...] = (
-    InvalidConfig,
-    InvalidRequestId,
-    DuplicateRequest,
-    UnknownRequest,
-    InvalidTokens,
-    InvalidExtras,
-    OutOfBlocks,
-    Deferred,
+ERROR_CLASSES: tuple[type[spec.PrefixCacheError], ...] = (
+    spec.InvalidConfig,
+    spec.InvalidRequestId,
+    spec.DuplicateRequest,
+    spec.UnknownRequest,
+    spec.InvalidTokens,
+    spec.InvalidExtras,
+    spec.OutOfBlocks,
+    spec.Deferred,
 )
 ERROR_KINDS: tuple[str, ...] = tuple(c.__name__ for c in ERROR_CLASSES)
-_ERROR_BY_NAME: dict[str, type[PrefixCacheError]] = {c.__name__: c for c in ERROR_CLASSES}
+_ERROR_BY_NAME: dict[str, type[spec.PrefixCacheError]] = {c.__name__: c for c in ERROR_CLASSES}
 
 
 def error_kind(exc: BaseException) -> str | None:
@@ -64,7 +48,7 @@ def make_error(kind: str, message: str, fields: Mapping[str, Json] | None = None
     errors as data, e.g. over JSON lines). An unknown kind gives a plain ``RuntimeError``."""
     if kind == "OutOfBlocks":
         f = dict(fields or {})
-        err = OutOfBlocks(_opt_int(f.get("needed")), _opt_int(f.get("available")), message=message)
+        err = spec.OutOfBlocks(_opt_int(f.get("needed")), _opt_int(f.get("available")), message=message)
         err.never_fits = f.get("never_fits") is True
         return err
     cls = _ERROR_BY_NAME.get(kind)
@@ -101,10 +85,10 @@ def group_from_json(obj: Json) -> Any:
     return KVCacheGroup(obj.get("kind"), obj.get("block_size"), obj.get("window", 0), obj.get("chunk", 0))  # type: ignore[arg-type]
 
 
-def config_to_json(config: CacheConfig) -> dict[str, Json]:
+def config_to_json(config: spec.CacheConfig) -> dict[str, Json]:
     """Every field of the config, by name; the hybrid fields only when they are not the default."""
     out: dict[str, Json] = {}
-    for f in dataclasses.fields(CacheConfig):
+    for f in dataclasses.fields(spec.CacheConfig):
         value = getattr(config, f.name)
         if f.name in HYBRID_FIELDS:
             if value == HYBRID_FIELDS[f.name]:
@@ -115,9 +99,9 @@ def config_to_json(config: CacheConfig) -> dict[str, Json]:
     return out
 
 
-def config_from_json(obj: Mapping[str, Json]) -> CacheConfig:
+def config_from_json(obj: Mapping[str, Json]) -> spec.CacheConfig:
     """A config from its JSON form (missing fields take their defaults; values are not checked)."""
-    names = {f.name for f in dataclasses.fields(CacheConfig)}
+    names = {f.name for f in dataclasses.fields(spec.CacheConfig)}
     unknown = set(obj) - names
     if unknown:
         raise ValueError(f"unknown config fields: {sorted(unknown)}")
@@ -125,10 +109,10 @@ def config_from_json(obj: Mapping[str, Json]) -> CacheConfig:
     groups = fields.get("groups")
     if isinstance(groups, list):
         fields["groups"] = tuple(group_from_json(g) for g in groups)
-    return CacheConfig(**fields)
+    return spec.CacheConfig(**fields)
 
 
-def extras_to_json(extras: Extras) -> dict[str, Json]:
+def extras_to_json(extras: spec.Extras) -> dict[str, Json]:
     """The JSON form of ``extras``, default fields left out (``{}`` for no extras)."""
     out: dict[str, Json] = {}
     if extras.lora is not None:
@@ -161,18 +145,18 @@ def extras_from_json(obj: Json) -> Any:
     """An :class:`Extras` from its JSON form. Malformed input yields a malformed ``Extras`` (or the
     raw value when ``obj`` is not an object) so the engine's validation is what gets tested."""
     if obj is None:
-        return NO_EXTRAS
+        return spec.NO_EXTRAS
     if not isinstance(obj, dict):
         return obj
     lora_obj = obj.get("lora")
     lora: Any = lora_obj
     if isinstance(lora_obj, dict):
-        lora = _raw(LoRA)(lora_obj.get("name"), lora_obj.get("id"))
+        lora = _raw(spec.LoRA)(lora_obj.get("name"), lora_obj.get("id"))
     mm_obj = obj.get("mm_items", [])
     mm: Any = mm_obj
     if isinstance(mm_obj, list):
         mm = tuple(
-            _raw(MultiModalItem)(m.get("identifier"), m.get("start"), m.get("length"))
+            _raw(spec.MultiModalItem)(m.get("identifier"), m.get("start"), m.get("length"))
             if isinstance(m, dict)
             else m
             for m in mm_obj
@@ -183,8 +167,8 @@ def extras_from_json(obj: Json) -> Any:
         data = pe_obj.get("data", [])
         if isinstance(data, list):
             data = [_hex_or_raw(d) for d in data]
-        pe = PromptEmbeds(_tuple_or_raw(pe_obj.get("positions", [])), _tuple_or_raw(data))
-    return Extras(lora=lora, cache_salt=obj.get("cache_salt", ""), mm_items=mm, prompt_embeds=pe)
+        pe = spec.PromptEmbeds(_tuple_or_raw(pe_obj.get("positions", [])), _tuple_or_raw(data))
+    return spec.Extras(lora=lora, cache_salt=obj.get("cache_salt", ""), mm_items=mm, prompt_embeds=pe)
 
 
 def _hex_or_raw(value: Json) -> Json:

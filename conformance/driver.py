@@ -271,12 +271,13 @@ def observe(
             return _checked_observation(got, num_blocks)
     obs: Observation = {"num_free_blocks": call_engine("num_free_blocks()", adapter.num_free_blocks)}
     if hybrid:
-        return _observe_groups(adapter, caps, num_blocks, live_ids, want_keys, obs)
-    tables: list[Json] = []
-    for rid in sorted_ids(live_ids):
-        table = call_engine(f"block_table({rid!r}) of a live request", lambda r=rid: adapter.block_table(r))
-        tables.append([rid, table])
-    obs["tables"] = tables
+        tables = _group_tables(adapter, live_ids)
+        obs["group_tables"] = tables
+        keys_of = _group_keys
+    else:
+        tables = [[rid, _block_table(adapter, rid)] for rid in sorted_ids(live_ids)]
+        obs["tables"] = tables
+        keys_of = _table_keys
     if caps.ref_cnt:
         obs["ref_cnt"] = [
             call_engine(f"ref_cnt({b})", lambda b=b: adapter.ref_cnt(b)) for b in range(num_blocks)
@@ -284,26 +285,19 @@ def observe(
     if caps.free_queue:
         obs["free_blocks"] = call_engine("free_blocks()", adapter.free_blocks)
     if want_keys and caps.keys:
-        keys: list[Json] = []
-        for rid, table in tables:
-            hashes = [call_engine(f"block_hash({b})", lambda b=b: adapter.block_hash(b)) for b in table]
-            keys.append([rid, [None if h is None else bytes(h).hex() for h in hashes]])
-        obs["keys"] = keys
+        obs["keys"] = [[rid, keys_of(adapter, table)] for rid, table in tables]
     if caps.events:
         obs["cached_keys"] = cached_keys_json(call_engine("cached_keys()", adapter.cached_keys))  # type: ignore[attr-defined]
         obs["events"] = events_json(call_engine("take_events()", adapter.take_events))  # type: ignore[attr-defined]
     return _checked_observation(obs, num_blocks)
 
 
-def _observe_groups(
-    adapter: PrefixCacheAdapter,
-    caps: Capabilities,
-    num_blocks: int,
-    live_ids: Iterable[RequestId],
-    want_keys: bool,
-    obs: Observation,
-) -> Observation:
-    """The hybrid observation: ``group_tables`` from ``block_tables``, keys per group."""
+def _block_table(adapter: PrefixCacheAdapter, rid: RequestId) -> Json:
+    return call_engine(f"block_table({rid!r}) of a live request", lambda: adapter.block_table(rid))
+
+
+def _group_tables(adapter: PrefixCacheAdapter, live_ids: Iterable[RequestId]) -> list[Json]:
+    """The hybrid observation's ``group_tables``: ``[rid, per-group tables]`` from ``block_tables``."""
     block_tables = getattr(adapter, "block_tables")  # noqa: B009 - declared by hybrid adapters
     tables: list[Json] = []
     for rid in sorted_ids(live_ids):
@@ -312,27 +306,27 @@ def _observe_groups(
             tables.append([rid, group_tables_json(got, f"block_tables({rid!r})")])
         except TypeError as exc:
             raise Violation("engine-errors", str(exc)) from None
-    obs["group_tables"] = tables
-    if caps.ref_cnt:
-        obs["ref_cnt"] = [
-            call_engine(f"ref_cnt({b})", lambda b=b: adapter.ref_cnt(b)) for b in range(num_blocks)
-        ]
-    if caps.free_queue:
-        obs["free_blocks"] = call_engine("free_blocks()", adapter.free_blocks)
-    if want_keys and caps.keys:
-        keys: list[Json] = []
-        for rid, per_group in tables:
-            hashes = [
-                [None if b is None else call_engine(f"block_hash({b})", lambda b=b: adapter.block_hash(b))
-                 for b in table]
-                for table in per_group
-            ]
-            keys.append([rid, [[None if h is None else bytes(h).hex() for h in t] for t in hashes]])
-        obs["keys"] = keys
-    if caps.events:
-        obs["cached_keys"] = cached_keys_json(call_engine("cached_keys()", adapter.cached_keys))  # type: ignore[attr-defined]
-        obs["events"] = events_json(call_engine("take_events()", adapter.take_events))  # type: ignore[attr-defined]
-    return _checked_observation(obs, num_blocks)
+    return tables
+
+
+def _block_hash(adapter: PrefixCacheAdapter, b: int) -> Json:
+    return call_engine(f"block_hash({b})", lambda: adapter.block_hash(b))
+
+
+def _hex(h: Json) -> Json:
+    return None if h is None else bytes(h).hex()
+
+
+def _table_keys(adapter: PrefixCacheAdapter, table: Json) -> Json:
+    """The key of every block of one table, as hex (every call made before any is read)."""
+    hashes = [_block_hash(adapter, b) for b in table]
+    return [_hex(h) for h in hashes]
+
+
+def _group_keys(adapter: PrefixCacheAdapter, per_group: Json) -> Json:
+    """The keys of every group's table, as hex (None for an entry a window dropped)."""
+    hashes = [[None if b is None else _block_hash(adapter, b) for b in table] for table in per_group]
+    return [[_hex(h) for h in t] for t in hashes]
 
 
 def _checked_observation(obs: Observation, num_blocks: int) -> Observation:

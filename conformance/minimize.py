@@ -153,27 +153,26 @@ def replay(
         close_adapter(adapter)
 
 
+@dataclass(eq=False)
 class Shrinker:
-    """Keeps the smallest replay that still fails with ``prop`` (see the module docstring)."""
+    """Keeps the smallest replay that still fails with ``prop`` (see the module docstring):
+    ``config`` and ``steps`` are the smallest failing candidate so far, ``best`` its replay."""
 
-    def __init__(
-        self,
-        factory: AdapterFactory,
-        found: Found,
-        profile: str,
-        disabled: frozenset[str],
-        caps: Capabilities,
-        budget: int,
-    ) -> None:
-        self.factory = factory
-        self.prop = found.prop
-        self.profile = profile
-        self.disabled = disabled
-        self.caps = caps
-        self.budget = budget
-        self.config = found.engine_config
-        self.steps = list(found.steps)
-        self.best: Replay | None = None
+    factory: AdapterFactory
+    found: Found
+    profile: str
+    disabled: frozenset[str]
+    caps: Capabilities
+    budget: int
+    prop: str = field(init=False)
+    config: CacheConfig = field(init=False)
+    steps: list[Step] = field(init=False)
+    best: Replay | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.prop = self.found.prop
+        self.config = self.found.engine_config
+        self.steps = list(self.found.steps)
 
     def attempt(self, config: CacheConfig, steps: list[Step]) -> bool:
         """Replay a candidate; keep it (truncated at its violation) if it still fails."""

@@ -136,7 +136,25 @@ class ConformanceFailure(Exception):
     """A conformance check failed (the message carries the counterexample)."""
 
 
-class VectorItem(pytest.Item):
+class _ConformanceItem(pytest.Item):
+    """An item whose conformance failure reads ``<failure_label>: <message>``."""
+
+    def failure_label(self) -> str:
+        raise NotImplementedError
+
+    def report_name(self) -> str:
+        raise NotImplementedError
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return f"{self.failure_label()}: {excinfo.value}"
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return Path(str(self.path)), None, self.report_name()
+
+
+class VectorItem(_ConformanceItem):
     """One vector case."""
 
     def __init__(self, *, case: dict[str, Any], group: str, state: _Session, **kw: Any) -> None:
@@ -155,16 +173,14 @@ class VectorItem(pytest.Item):
             detail = f"\n\n{result.detail}" if result.detail else ""
             raise ConformanceFailure(f"[{result.prop}] {result.message}{detail}")
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        if isinstance(excinfo.value, ConformanceFailure):
-            return f"vector {self.case['id']} ({self.case.get('section', '')}): {excinfo.value}"
-        return str(super().repr_failure(excinfo))
+    def failure_label(self) -> str:
+        return f"vector {self.case['id']} ({self.case.get('section', '')})"
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return Path(str(self.path)), None, f"vector {self.case['id']}"
+    def report_name(self) -> str:
+        return f"vector {self.case['id']}"
 
 
-class PropertyItem(pytest.Item):
+class PropertyItem(_ConformanceItem):
     """One property of the stateful runner."""
 
     def __init__(self, *, prop: str, state: _Session, **kw: Any) -> None:
@@ -185,13 +201,11 @@ class PropertyItem(pytest.Item):
             assert result.failure is not None
             raise ConformanceFailure(result.failure.render())
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        if isinstance(excinfo.value, ConformanceFailure):
-            return f"property {self.prop}: {excinfo.value}"
-        return str(super().repr_failure(excinfo))
+    def failure_label(self) -> str:
+        return f"property {self.prop}"
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return Path(str(self.path)), None, f"stateful property {self.prop}"
+    def report_name(self) -> str:
+        return f"stateful property {self.prop}"
 
 
 def read_xfail_ids(path: Path) -> list[str]:

@@ -34,18 +34,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
-from pagedprefix.spec import (
-    GROUP_FREE_ORDERS,
-    RETENTIONS,
-    CacheConfig,
-    KVCacheGroup,
-    PrefixCacheError,
-    chunked,
-    hash_granularity,
-    hit_alignment,
-    is_hybrid,
-    sliding,
-)
+from pagedprefix import spec
 
 from .codec import config_to_json
 from .driver import Outcome, Step
@@ -119,7 +108,7 @@ class StatefulReport:
 # ----- probing the engine -----------------------------------------------------------------------
 
 
-def probe(factory: AdapterFactory) -> tuple[Capabilities, CacheConfig]:
+def probe(factory: AdapterFactory) -> tuple[Capabilities, spec.CacheConfig]:
     """The engine's capabilities, from the first of :data:`PROBE_BLOCK_SIZES` (with
     :data:`PROBE_POOL` blocks) its factory does not reject with ``UnsupportedConfig``.
 
@@ -128,7 +117,7 @@ def probe(factory: AdapterFactory) -> tuple[Capabilities, CacheConfig]:
     """
     last: UnsupportedConfig | None = None
     for block_size in PROBE_BLOCK_SIZES:
-        config = CacheConfig(block_size=block_size, num_blocks=PROBE_POOL)
+        config = spec.CacheConfig(block_size=block_size, num_blocks=PROBE_POOL)
         try:
             adapter = build_adapter(factory, config)
         except UnsupportedConfig as exc:
@@ -207,7 +196,7 @@ def _targeted_shape(
     return specs
 
 
-def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
+def draw_hybrid_config(draw: Draw, caps: Capabilities) -> spec.CacheConfig | None:
     """One to three groups of the kinds the engine declares, one time in three in one of the
     targeted shapes of :data:`HYBRID_SHAPES` (block sizes from one family it supports; chunked
     groups take ``B = A``, windows of a few blocks, chunks of one to three ``A``), a pool, a free
@@ -225,33 +214,33 @@ def draw_hybrid_config(draw: Draw, caps: Capabilities) -> CacheConfig | None:
     align = math.lcm(*(b for _, b in specs))
     num_chunked = sum(kind == "chunked" for kind, _ in specs) if targeted else 0
     multiples = draw.pick(CHUNK_MULTIPLES[num_chunked]) if num_chunked in CHUNK_MULTIPLES else ()
-    groups: list[KVCacheGroup] = []
+    groups: list[spec.KVCacheGroup] = []
     for kind, b in specs:
         if kind == "sliding":
-            groups.append(sliding(draw.between(1, 3 * b + 2), b))
+            groups.append(spec.sliding(draw.between(1, 3 * b + 2), b))
         elif kind == "chunked":
             chunk = multiples[sum(g.kind == "chunked" for g in groups)] if multiples else draw.between(1, 3)
-            groups.append(chunked(align * chunk, align))
+            groups.append(spec.chunked(align * chunk, align))
         else:
-            groups.append(KVCacheGroup(kind, b))
+            groups.append(spec.KVCacheGroup(kind, b))
     pools = [n for n in HYBRID_POOL_SIZES if all(caps.supports_geometry(g.block_size, n) for g in groups)]
     if targeted:  # room for 8 to 32 prompts: the sibling shapes need them admitted before any reuse
         prompt = sum(-(-(3 * align + 1) // g.block_size) for g in groups)  # a 3A+1-token prompt's blocks
         sized = [k * prompt for k in TARGETED_POOL_PROMPTS]
         pools = [n for n in sized if all(caps.supports_geometry(g.block_size, n) for g in groups)] or pools
     free_order, _ = draw.pick(POLICIES[:2])
-    return CacheConfig(
-        block_size=hash_granularity(groups),
+    return spec.CacheConfig(
+        block_size=spec.hash_granularity(groups),
         num_blocks=draw.pick(pools or [caps.min_blocks + 7]),
         free_order=free_order,
         groups=tuple(groups),
         # a targeted shape keeps replay retention two times in three: its junction exists only there
-        retention=draw.pick(("replay", "replay", "dense") if targeted else RETENTIONS),
-        group_free_order=draw.pick(GROUP_FREE_ORDERS),
+        retention=draw.pick(("replay", "replay", "dense") if targeted else spec.RETENTIONS),
+        group_free_order=draw.pick(spec.GROUP_FREE_ORDERS),
     )
 
 
-def draw_config(draw: Draw, caps: Capabilities) -> CacheConfig:
+def draw_config(draw: Draw, caps: Capabilities) -> spec.CacheConfig:
     """A small config the engine declares it supports: a block size (the smallest four it
     supports), a pool size, a spec policy, and one time in four (for an engine honouring both) a
     weak hash with ``verify_tokens``, so that colliding keys happen and must be checked. For an
@@ -268,7 +257,7 @@ def draw_config(draw: Draw, caps: Capabilities) -> CacheConfig:
         pools = [n for n in (low, low + 1, low + 3, low + 7, low + 15) if caps.supports_geometry(sizes[0], n)]
     free_order, dedup = draw.pick(POLICIES)
     weak = caps.weak_hash and caps.verify_tokens and draw.chance(1, 4)
-    return CacheConfig(
+    return spec.CacheConfig(
         block_size=draw.pick(sizes),
         num_blocks=draw.pick(pools),
         hash_algo="weak8" if weak else "sha256",
@@ -358,12 +347,12 @@ def run_example(data: st.DataObject, setup: RunSetup, disabled: frozenset[str], 
         rec.hung = hung
 
 
-def _build(setup: RunSetup, config: CacheConfig, disabled: frozenset[str]) -> Any:
+def _build(setup: RunSetup, config: spec.CacheConfig, disabled: frozenset[str]) -> Any:
     try:
         return build_adapter(setup.factory, config)
     except UnsupportedConfig:
         raise Lost("engine-errors", "unsupported config") from None
-    except PrefixCacheError as exc:
+    except spec.PrefixCacheError as exc:
         message = (
             f"the factory raised {type(exc).__name__} for the valid config {config_to_json(config)}: {exc}"
         )
@@ -388,10 +377,10 @@ def _send(
     caps = run.caps
     spell = run.adapter.spell_extras if caps.spells_extras else None  # type: ignore[attr-defined]
     config = run.config
-    hybrid = is_hybrid(config.groups, config.block_size)
+    hybrid = spec.is_hybrid(config.groups, config.block_size)
     ctx = Context(
         # hybrid prompts are measured in the hit alignment A (hits land on its multiples)
-        block_size=hit_alignment(config.groups) if hybrid and config.groups else config.block_size,
+        block_size=spec.hit_alignment(config.groups) if hybrid and config.groups else config.block_size,
         num_blocks=run.config.num_blocks,
         caps=caps,
         extra_kinds=setup.extra_kinds & caps.extras,
@@ -536,7 +525,7 @@ def run_conformance(
                 f"the engine rejects every probe config (block sizes {PROBE_BLOCK_SIZES}): {exc}"
             )
             return report
-        except (Violation, PrefixCacheError) as exc:
+        except (Violation, spec.PrefixCacheError) as exc:
             report.errors.append(f"cannot build the engine: {exc}")
             return report
         except EngineLost as hung:

@@ -39,17 +39,21 @@ class DropsUnknownParent(ReferenceIndexer):
         return super().events(source, EventBatch(batch.seq, tuple(kept)))
 
 
+def _apply_all(state: SourceState, batch: EventBatch) -> None:
+    """Apply every event of ``batch`` to the index, skipping any removal it contradicts."""
+    for e in batch.events:
+        try:
+            apply(state.index, e)
+        except ValueError:
+            continue
+
+
 class IgnoresGaps(ReferenceIndexer):
     """Sequence numbers are not checked at all: every batch is applied as it comes, never resynced
     (and a removal the index contradicts is skipped)."""
 
     def events(self, source: str, batch: EventBatch) -> bool:
-        state = self._source(source)
-        for e in batch.events:
-            try:
-                apply(state.index, e)
-            except ValueError:
-                continue
+        _apply_all(self._source(source), batch)
         return False
 
 
@@ -69,11 +73,7 @@ class AppliesDuplicates(ReferenceIndexer):
     def events(self, source: str, batch: EventBatch) -> bool:
         state = self._source(source)
         if 0 < batch.seq < state.expected:
-            for e in batch.events:
-                try:
-                    apply(state.index, e)
-                except ValueError:
-                    continue
+            _apply_all(state, batch)
             return False
         return super().events(source, batch)
 

@@ -11,28 +11,14 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    deadline=None,
-    max_examples=200,
-    stateful_step_count=50,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-settings.register_profile(
-    "nightly",
-    deadline=None,
-    max_examples=2000,
-    stateful_step_count=500,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-settings.register_profile(
-    "dev",
-    deadline=None,
-    max_examples=50,
-    stateful_step_count=30,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+_SHARED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+PROFILES: dict[str, dict[str, object]] = {
+    "ci": {"derandomize": True, "max_examples": 200, "stateful_step_count": 50, "print_blob": True},
+    "nightly": {"max_examples": 2000, "stateful_step_count": 500, "print_blob": True},
+    "dev": {"max_examples": 50, "stateful_step_count": 30},
+}
+"""Per profile, what it sets beside the shared settings (no deadline, no too-slow health checks)."""
+
+for _name, _overrides in PROFILES.items():
+    settings.register_profile(_name, **_SHARED, **_overrides)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

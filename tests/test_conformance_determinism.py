@@ -23,32 +23,10 @@ def without_timing(value: Any) -> Any:
 
 def run(cwd: Path, engine_dir: Path, *extra: str) -> dict[str, Any]:
     out = cwd / "report.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pagedprefix",
-            "conform",
-            "--engine",
-            "adapter_under_test:skips_cow",
-            "--path",
-            str(engine_dir),
-            "--profile",
-            "core",
-            "--seed",
-            "11",
-            "--max-examples",
-            "150",
-            "--no-trace",
-            "--json",
-            str(out),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
+    argv = [sys.executable, "-m", "pagedprefix", "conform", "--engine", "adapter_under_test:skips_cow",
+            "--path", str(engine_dir), "--profile", "core", "--seed", "11", "--max-examples", "150",
+            "--no-trace", "--json", str(out), *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=cwd)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     report: dict[str, Any] = json.loads(out.read_text())
     return report

@@ -189,12 +189,17 @@ def test_weak8_collision_is_one_of_the_pool_engine() -> None:
 # ----- exact values of the clean engines ---------------------------------------------------------
 
 
+def allocate_two_sharing(engine: PoolEngine | TreeEngine) -> None:
+    """a [1, 2, 3, 4, 5], then b sharing a's two full blocks: the same tables on both engines."""
+    a = engine.allocate("a", [1, 2, 3, 4, 5])
+    assert (a.num_computed_tokens, a.block_table) == (0, (0, 1, 2))
+    b = engine.allocate("b", [1, 2, 3, 4, 9])
+    assert (b.num_computed_tokens, b.block_table) == (4, (0, 1, 3))
+
+
 def test_pool_engine_exact_values() -> None:
     pool = PoolEngine(CacheConfig(block_size=2, num_blocks=6))
-    a = pool.allocate("a", [1, 2, 3, 4, 5])
-    assert (a.num_computed_tokens, a.block_table) == (0, (0, 1, 2))
-    b = pool.allocate("b", [1, 2, 3, 4, 9])
-    assert (b.num_computed_tokens, b.block_table) == (4, (0, 1, 3))
+    allocate_two_sharing(pool)
     assert pool.lookup([1, 2, 3, 4]) == 2  # aligned and fully cached: the last block is recomputed
     assert [pool.ref_cnt(i) for i in range(6)] == [2, 2, 1, 1, 0, 0]
     assert pool.free_blocks() == (4, 5)
@@ -246,10 +251,7 @@ def test_pool_engine_errors_in_precedence_order() -> None:
 
 def test_tree_engine_exact_values() -> None:
     tree = TreeEngine(CacheConfig(block_size=2, num_blocks=4))
-    a = tree.allocate("a", [1, 2, 3, 4, 5])
-    assert (a.num_computed_tokens, a.block_table) == (0, (0, 1, 2))
-    b = tree.allocate("b", [1, 2, 3, 4, 9])
-    assert (b.num_computed_tokens, b.block_table) == (4, (0, 1, 3))
+    allocate_two_sharing(tree)
     assert [tree.ref_cnt(i) for i in range(4)] == [2, 2, 1, 1]
     assert tree.num_free_blocks() == 0
     tree.free("a")  # a's partial page 2 returns to the free list; pages 0 and 1 stay locked by b

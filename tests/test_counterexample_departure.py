@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from corpus.mutants import ConcatenatedNamespace, SkipsCopyOnWrite
-from corpus.tree import TreeEngine
 from corpus.variants import StepPublishingTree
 from pagedprefix.conformance.driver import Step
 from pagedprefix.conformance.judge import Judge, Req
@@ -21,18 +20,11 @@ from pagedprefix.conformance.model import step_changes
 from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras, LoRA
 
 
-class StepConcatenated(ConcatenatedNamespace):
+class StepConcatenated(StepPublishingTree, ConcatenatedNamespace):
     """Publishes at ``step()`` (swapping a duplicate page for the cached one, as SGLang's
     ``checkpoint_kv_cache`` does) and keys salt and LoRA as one untyped string."""
 
     capabilities = replace(ConcatenatedNamespace.capabilities, publish="step")
-
-    def _publish(self, req: object) -> None:
-        return None
-
-    def step(self) -> None:
-        for req in self._requests.values():
-            TreeEngine._publish(self, req)
 
 
 LORA = {"lora": {"id": 1, "name": "a"}}

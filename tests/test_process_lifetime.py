@@ -151,6 +151,14 @@ def daemon_pid(tmp_path: Path) -> int:
     return int((tmp_path / "daemon.pid").read_text())
 
 
+def wait_until_sleeping(tmp_path: Path, proc: subprocess.Popen[str]) -> None:
+    """Wait (up to 120 s) for the engine's call to reach its sleep; ``proc`` must stay alive."""
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "sleeping").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]  # type: ignore[union-attr]
+        time.sleep(0.05)
+
+
 def test_the_counter_sees_a_setsid_daemon(token: str) -> None:
     """The broken candidate for the counter itself: a daemon that is left behind is counted."""
     script = "import os,time\nif os.fork()==0:\n    os.setsid()\n    time.sleep(60)\nos._exit(0)"
@@ -187,10 +195,7 @@ def test_a_signal_to_conform_leaves_no_process(tmp_path: Path, token: str, engin
                                                code: int) -> None:
     proc = start_conform(tmp_path, token, engine, "sleeps", "--call-timeout", "300")
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "sleeping").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]  # type: ignore[union-attr]
-            time.sleep(0.05)
+        wait_until_sleeping(tmp_path, proc)
         during = marked(token)
         # conform, the engine worker, the daemon and its setsid grandchild (and the keeper)
         assert len(during) >= 4 and proc.pid in during and daemon_pid(tmp_path) in during
@@ -238,10 +243,7 @@ def test_a_signal_to_indexer_conform_over_jsonl_leaves_no_process(
                              "--call-timeout", "300", "--generated", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "sleeping").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]  # type: ignore[union-attr]
-            time.sleep(0.05)
+        wait_until_sleeping(tmp_path, proc)
         during = marked(token)
         assert len(during) >= 4 and daemon_pid(tmp_path) in during
         proc.send_signal(signum)

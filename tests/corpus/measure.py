@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pagedprefix.conformance.protocol import AdapterFactory
@@ -138,6 +139,15 @@ def _printed_cell(rows: list[dict[str, object]]) -> str:
     return f"{low}" if low == high else f"{low}-{high}"
 
 
+def _mode_cells(rows: list[dict[str, object]], name: str, prop: str, modes: Sequence[str]) -> list[str]:
+    """Per mode, the caught cell of engine ``name``'s rows (``not run`` without any)."""
+    cells = []
+    for mode in modes:
+        mine = [r for r in rows if r["engine"] == name and r["mode"] == mode]
+        cells.append(_caught_cell(mine, prop) if mine else "not run")
+    return cells
+
+
 def render_table(rows: list[dict[str, object]]) -> str:
     """The kill table (markdown) from measurement rows."""
     from .mutants import MUTANT_BY_NAME
@@ -147,10 +157,7 @@ def render_table(rows: list[dict[str, object]]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in MUTANT_BY_NAME.items():
-        cells = []
-        for mode in SINGLE_MODES:
-            mine = [r for r in rows if r["engine"] == name and r["mode"] == mode]
-            cells.append(_caught_cell(mine, m.prop) if mine else "not run")
+        cells = _mode_cells(rows, name, m.prop, SINGLE_MODES)
         shortest = f"{m.shortest}" + ("" if m.witness.prop == m.prop else f" ({m.witness.prop})")
         printed = _printed_cell([r for r in rows if r["engine"] == name and r["mode"] == "default"])
         lines.append(
@@ -192,10 +199,7 @@ def render_hybrid_table(rows: list[dict[str, object]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, m in HYBRID_MUTANT_BY_NAME.items():
-        cells = []
-        for mode in HYBRID_MODES:
-            mine = [r for r in rows if r["engine"] == name and r["mode"] == mode]
-            cells.append(_caught_cell(mine, m.prop) if mine else "not run")
+        cells = _mode_cells(rows, name, m.prop, HYBRID_MODES)
         short = [r for r in rows if r["engine"] == name and r["mode"] == "no-vectors-150"]
         if short:
             cells[0] = _default_from_short(

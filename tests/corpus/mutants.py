@@ -371,11 +371,7 @@ class ResetWhileInUse(TreeEngine):
     def reset_prefix_cache(self) -> bool:
         # sglang PR #12107: the idle check before /flush_cache missed live requests, which kept
         # nodes of the old tree and crashed on release.
-        for b, node in enumerate(self._node_of):
-            if node is not None:
-                self._node_of[b] = None
-                self._free.append(b)
-        self.root = Node(None, -1, None)
+        self._drop_tree()
         return True
 
 

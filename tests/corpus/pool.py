@@ -21,25 +21,10 @@ import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from pagedprefix.conformance.protocol import ALL_EXTRA_KINDS, AdapterBase, Capabilities
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    Allocation,
-    AppendResult,
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    OutOfBlocks,
-    RequestId,
-    UnknownRequest,
-    blocks_needed,
-    check_block_id,
-    check_config,
-    check_extras,
-    check_request_id,
-    check_tokens,
-)
+from pagedprefix import spec
+from pagedprefix.conformance.protocol import ALL_EXTRA_KINDS, Capabilities
 
+from .engine import CorpusEngine, CorpusRequest
 from .extras import Field, typed_fields
 
 Content = tuple[tuple[int, ...], tuple[tuple[Field, ...], ...]]
@@ -73,9 +58,8 @@ class FreeQueue:
             yield b
             b = self._next[b]
 
-    def remove(self, b: int) -> None:
-        assert self._queued[b], f"block {b} is not in the free queue"
-        p, n = self._prev[b], self._next[b]
+    def _join(self, p: int, n: int) -> None:
+        """Make ``n`` follow ``p`` (``NIL`` on either side stands for the queue's end)."""
         if p == NIL:
             self._head = n
         else:
@@ -84,6 +68,10 @@ class FreeQueue:
             self._tail = p
         else:
             self._prev[n] = p
+
+    def remove(self, b: int) -> None:
+        assert self._queued[b], f"block {b} is not in the free queue"
+        self._join(self._prev[b], self._next[b])
         self._queued[b] = False
         self._len -= 1
 
@@ -101,30 +89,20 @@ class FreeQueue:
 
     def _link(self, b: int, prev: int, nxt: int) -> None:
         assert not self._queued[b], f"block {b} is already in the free queue"
-        self._prev[b], self._next[b] = prev, nxt
-        if prev == NIL:
-            self._head = b
-        else:
-            self._next[prev] = b
-        if nxt == NIL:
-            self._tail = b
-        else:
-            self._prev[nxt] = b
+        self._join(prev, b)
+        self._join(b, nxt)
         self._queued[b] = True
         self._len += 1
 
 
 @dataclass
-class PoolRequest:
+class PoolRequest(CorpusRequest):
     """A live request: tokens, extras, block table and the keys of its full blocks so far."""
 
-    tokens: list[int]
-    extras: Extras
-    table: list[int]
     keys: list[bytes] = field(default_factory=list)
 
 
-def pool_capabilities(config: CacheConfig) -> Capabilities:
+def pool_capabilities(config: spec.CacheConfig) -> Capabilities:
     """Everything the pool can do and show, with the config's policy; no spec-byte keys."""
     return Capabilities(
         keys=False,
@@ -137,11 +115,11 @@ def pool_capabilities(config: CacheConfig) -> Capabilities:
     )
 
 
-class PoolEngine(AdapterBase):
+class PoolEngine(CorpusEngine[PoolRequest]):
     """The clean pool. Build it with ``PoolEngine(config)`` (the class is its own factory)."""
 
-    def __init__(self, config: CacheConfig) -> None:
-        check_config(config)
+    def __init__(self, config: spec.CacheConfig) -> None:
+        spec.check_config(config)
         self.config = config
         self.capabilities = pool_capabilities(config)
         self.B, self.N = config.block_size, config.num_blocks
@@ -155,7 +133,7 @@ class PoolEngine(AdapterBase):
         self._content: list[Content | None] = [None] * self.N
         self._index: dict[bytes, dict[int, None]] = {}
         self._queue = FreeQueue(self.N)
-        self._requests: dict[RequestId, PoolRequest] = {}
+        self._requests: dict[spec.RequestId, PoolRequest] = {}
 
     # ----- keys -----------------------------------------------------------------------------
 
@@ -164,22 +142,22 @@ class PoolEngine(AdapterBase):
         full = hashlib.blake2b(repr(obj).encode("utf-8", "backslashreplace"), digest_size=16).digest()
         return full[:1] if self._weak else full
 
-    def _fields(self, extras: Extras, i: int) -> tuple[Field, ...]:
+    def _fields(self, extras: spec.Extras, i: int) -> tuple[Field, ...]:
         """The typed extra fields of block ``i``."""
         return typed_fields(extras, i, self.B)
 
-    def _key_of(self, parent: bytes, tokens: Sequence[int], extras: Extras, i: int) -> bytes:
+    def _key_of(self, parent: bytes, tokens: Sequence[int], extras: spec.Extras, i: int) -> bytes:
         """Key of full block ``i``: its parent's key, its tokens and its typed fields."""
         return self._digest((parent, tuple(tokens[i * self.B : (i + 1) * self.B]), self._fields(extras, i)))
 
-    def _prompt_keys(self, tokens: Sequence[int], extras: Extras) -> list[bytes]:
+    def _prompt_keys(self, tokens: Sequence[int], extras: spec.Extras) -> list[bytes]:
         """Keys of every full block of ``tokens``, chained from the root."""
         keys: list[bytes] = []
         for i in range(len(tokens) // self.B):
             keys.append(self._key_of(keys[-1] if keys else self._root, tokens, extras, i))
         return keys
 
-    def _content_of(self, tokens: Sequence[int], extras: Extras, i: int) -> Content | None:
+    def _content_of(self, tokens: Sequence[int], extras: spec.Extras, i: int) -> Content | None:
         """What block ``i`` stands for, remembered only under ``verify_tokens``."""
         if not self.config.verify_tokens:
             return None
@@ -199,11 +177,7 @@ class PoolEngine(AdapterBase):
                 return b
         return None
 
-    def _hit_cap(self, num_tokens: int) -> int:
-        """The most leading blocks a prompt may hit: its last token is always recomputed."""
-        return (num_tokens - 1) // self.B
-
-    def _hits(self, tokens: Sequence[int], extras: Extras, keys: list[bytes]) -> list[int]:
+    def _hits(self, tokens: Sequence[int], extras: spec.Extras, keys: list[bytes]) -> list[int]:
         """The longest run of leading cached blocks, stopping at the first miss."""
         hits: list[int] = []
         for i, key in enumerate(keys[: self._hit_cap(len(tokens))]):
@@ -284,7 +258,7 @@ class PoolEngine(AdapterBase):
         evictable = len({b for b in hits if self._ref[b] == 0})
         available = len(self._queue) - evictable
         if need > available:
-            raise OutOfBlocks(need, available, self.N, total)
+            raise spec.OutOfBlocks(need, available, self.N, total)
         for b in hits:
             self._touch(b)
 
@@ -300,61 +274,46 @@ class PoolEngine(AdapterBase):
         req.table[-1] = dst
         return (src, dst)
 
-    # ----- checks ---------------------------------------------------------------------------
-
-    def _check_new_id(self, request_id: object) -> RequestId:
-        rid = check_request_id(request_id)
-        if rid in self._requests:
-            raise DuplicateRequest(f"request {rid!r} is already live")
-        return rid
-
-    def _live(self, request_id: object) -> PoolRequest:
-        req = self._requests.get(check_request_id(request_id))
-        if req is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
-        return req
-
     # ----- operations -----------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+    def lookup(self, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS) -> int:
         """Tokens an admission would hit now; changes nothing."""
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = self._checked_prompt(tokens, extras)
         return len(self._hits(token_list, extras, self._prompt_keys(token_list, extras))) * self.B
 
     def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> Allocation:
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.Allocation:
         """Touch the cached leading blocks, pop the rest from the queue head, key the full ones."""
         rid = self._check_new_id(request_id)
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = self._checked_prompt(tokens, extras)
         keys = self._prompt_keys(token_list, extras)
         hits = self._hits(token_list, extras, keys)
-        total = blocks_needed(len(token_list), self.B)
+        total = spec.blocks_needed(len(token_list), self.B)
         self._take_hits(hits, total - len(hits), total)
         table = hits + [self._pop_free() for _ in range(total - len(hits))]
         req = PoolRequest(token_list, extras, table, keys[: len(hits)])
         self._requests[rid] = req
         self._publish_full_blocks(req)
-        return Allocation(len(hits) * self.B, tuple(req.table))
+        return spec.Allocation(len(hits) * self.B, tuple(req.table))
 
-    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
         """Decode: copy a shared partial last block, pop blocks as needed, key the full ones."""
         req = self._live(request_id)
-        token_list = check_tokens(tokens)
+        token_list = spec.check_tokens(tokens)
         new_len = len(req.tokens) + len(token_list)
         cow = self._needs_copy(req)
-        grow = blocks_needed(new_len, self.B) - len(req.table)
+        total = spec.blocks_needed(new_len, self.B)
+        grow = total - len(req.table)
         if int(cow) + grow > len(self._queue):
-            raise OutOfBlocks(int(cow) + grow, len(self._queue), self.N, blocks_needed(new_len, self.B))
+            raise spec.OutOfBlocks(int(cow) + grow, len(self._queue), self.N, total)
         copies = [self._copy_on_write(req)] if cow else []
         req.tokens.extend(token_list)
         req.table.extend(self._pop_free() for _ in range(grow))
         self._publish_full_blocks(req)
-        return AppendResult(tuple(copies), tuple(req.table))
+        return spec.AppendResult(tuple(copies), tuple(req.table))
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+    def fork(self, parent_id: spec.RequestId, child_id: spec.RequestId) -> None:
         """The child shares every block of the parent; nothing is copied until a write."""
         parent = self._live(parent_id)
         cid = self._check_new_id(child_id)
@@ -364,10 +323,9 @@ class PoolEngine(AdapterBase):
             list(parent.tokens), parent.extras, list(parent.table), list(parent.keys)
         )
 
-    def free(self, request_id: RequestId) -> None:
+    def free(self, request_id: spec.RequestId) -> None:
         """Release a request's blocks; keys stay until eviction."""
-        req = self._live(request_id)
-        del self._requests[check_request_id(request_id)]
+        req = self._pop_live(request_id)
         for b in self._release_order(req.table):
             self._release(b)
 
@@ -382,14 +340,11 @@ class PoolEngine(AdapterBase):
 
     # ----- observations ---------------------------------------------------------------------
 
-    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
-        return tuple(self._live(request_id).table)
-
     def num_free_blocks(self) -> int:
         return len(self._queue)
 
     def ref_cnt(self, block_id: int) -> int:
-        return self._ref[check_block_id(block_id, self.N)]
+        return self._ref[spec.check_block_id(block_id, self.N)]
 
     def free_blocks(self) -> tuple[int, ...]:
         return tuple(self._queue)

@@ -28,25 +28,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pagedprefix.conformance.protocol import ALL_EXTRA_KINDS, AdapterBase, Capabilities
-from pagedprefix.spec import (
-    NO_EXTRAS,
-    Allocation,
-    AppendResult,
-    CacheConfig,
-    DuplicateRequest,
-    Extras,
-    OutOfBlocks,
-    RequestId,
-    UnknownRequest,
-    blocks_needed,
-    check_block_id,
-    check_config,
-    check_extras,
-    check_request_id,
-    check_tokens,
-)
+from pagedprefix import spec
+from pagedprefix.conformance.protocol import ALL_EXTRA_KINDS, Capabilities
 
+from .engine import CorpusEngine, CorpusRequest
 from .extras import Field, typed_fields
 
 Label = tuple[tuple[int, ...], tuple[Field, ...]]
@@ -84,24 +69,21 @@ class Node:
 
 
 @dataclass
-class TreeRequest:
+class TreeRequest(CorpusRequest):
     """A live request: tokens, extras, table, the node of its last full page (or the root) and
     ``depth``, how many leading table entries are tree pages (the path's length)."""
 
-    tokens: list[int]
-    extras: Extras
-    table: list[int]
     node: Node
     depth: int
 
 
-class TreeEngine(AdapterBase):
+class TreeEngine(CorpusEngine[TreeRequest]):
     """The clean radix tree. Build it with ``TreeEngine(config)`` (the class is its own factory)."""
 
     capabilities = TREE_CAPABILITIES
 
-    def __init__(self, config: CacheConfig) -> None:
-        check_config(config)
+    def __init__(self, config: spec.CacheConfig) -> None:
+        spec.check_config(config)
         self.config = config
         self.B, self.N = config.block_size, config.num_blocks
         self.root = Node(None, -1, None)
@@ -110,22 +92,18 @@ class TreeEngine(AdapterBase):
         self._node_of: list[Node | None] = [None] * self.N
         self._free: deque[int] = deque(range(self.N))
         self._clock = 0
-        self._requests: dict[RequestId, TreeRequest] = {}
+        self._requests: dict[spec.RequestId, TreeRequest] = {}
 
     # ----- labels and matching --------------------------------------------------------------
 
-    def _fields(self, extras: Extras, i: int) -> tuple[Field, ...]:
+    def _fields(self, extras: spec.Extras, i: int) -> tuple[Field, ...]:
         """The typed extra fields of page ``i``."""
         return typed_fields(extras, i, self.B)
 
-    def _label(self, tokens: Sequence[int], extras: Extras, i: int) -> Label:
+    def _label(self, tokens: Sequence[int], extras: spec.Extras, i: int) -> Label:
         return (tuple(tokens[i * self.B : (i + 1) * self.B]), self._fields(extras, i))
 
-    def _hit_cap(self, num_tokens: int) -> int:
-        """The most leading pages a prompt may hit: its last token is always recomputed."""
-        return (num_tokens - 1) // self.B
-
-    def _match(self, tokens: Sequence[int], extras: Extras) -> list[Node]:
+    def _match(self, tokens: Sequence[int], extras: spec.Extras) -> list[Node]:
         """The longest path of cached pages matching the prompt's leading full pages."""
         path: list[Node] = []
         node = self.root
@@ -226,64 +204,49 @@ class TreeEngine(AdapterBase):
         req.table[-1] = dst
         return (src, dst)
 
-    # ----- checks ---------------------------------------------------------------------------
-
-    def _check_new_id(self, request_id: object) -> RequestId:
-        rid = check_request_id(request_id)
-        if rid in self._requests:
-            raise DuplicateRequest(f"request {rid!r} is already live")
-        return rid
-
-    def _live(self, request_id: object) -> TreeRequest:
-        req = self._requests.get(check_request_id(request_id))
-        if req is None:
-            raise UnknownRequest(f"request {request_id!r} is not live")
-        return req
-
     # ----- operations -----------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int], extras: Extras = NO_EXTRAS) -> int:
+    def lookup(self, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS) -> int:
         """Tokens an admission would hit now; locks nothing, stamps nothing."""
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = self._checked_prompt(tokens, extras)
         return len(self._match(token_list, extras)) * self.B
 
     def allocate(
-        self, request_id: RequestId, tokens: Sequence[int], extras: Extras = NO_EXTRAS
-    ) -> Allocation:
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.Allocation:
         """Match and lock the cached prefix, take pages for the rest, publish the full ones."""
         rid = self._check_new_id(request_id)
-        token_list = check_tokens(tokens)
-        check_extras(extras, len(token_list))
+        token_list = self._checked_prompt(tokens, extras)
         path = self._match(token_list, extras)
-        total = blocks_needed(len(token_list), self.B)
+        total = spec.blocks_needed(len(token_list), self.B)
         need = total - len(path)
         available = self.num_free_blocks() - sum(1 for n in path if self._refs[n.block] == 0)
         if need > available:
-            raise OutOfBlocks(need, available, self.N, total)
+            raise spec.OutOfBlocks(need, available, self.N, total)
         self._lock(path)
         table = [n.block for n in path] + [self._take_block() for _ in range(need)]
         req = TreeRequest(token_list, extras, table, path[-1] if path else self.root, len(path))
         self._requests[rid] = req
         self._publish(req)
-        return Allocation(len(path) * self.B, tuple(req.table))
+        return spec.Allocation(len(path) * self.B, tuple(req.table))
 
-    def append(self, request_id: RequestId, tokens: Sequence[int]) -> AppendResult:
+    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
         """Decode: copy a shared partial last page, take pages as needed, publish the full ones."""
         req = self._live(request_id)
-        token_list = check_tokens(tokens)
+        token_list = spec.check_tokens(tokens)
         new_len = len(req.tokens) + len(token_list)
         cow = self._needs_copy(req)
-        need = int(cow) + blocks_needed(new_len, self.B) - len(req.table)
+        total = spec.blocks_needed(new_len, self.B)
+        need = int(cow) + total - len(req.table)
         if need > self.num_free_blocks():
-            raise OutOfBlocks(need, self.num_free_blocks(), self.N, blocks_needed(new_len, self.B))
+            raise spec.OutOfBlocks(need, self.num_free_blocks(), self.N, total)
         copies = [self._copy_on_write(req)] if cow else []
         req.tokens.extend(token_list)
-        req.table.extend(self._take_block() for _ in range(blocks_needed(new_len, self.B) - len(req.table)))
+        req.table.extend(self._take_block() for _ in range(total - len(req.table)))
         self._publish(req)
-        return AppendResult(tuple(copies), tuple(req.table))
+        return spec.AppendResult(tuple(copies), tuple(req.table))
 
-    def fork(self, parent_id: RequestId, child_id: RequestId) -> None:
+    def fork(self, parent_id: spec.RequestId, child_id: spec.RequestId) -> None:
         """The child shares every page of the parent, its partial last page included."""
         parent = self._live(parent_id)
         cid = self._check_new_id(child_id)
@@ -293,10 +256,9 @@ class TreeEngine(AdapterBase):
             list(parent.tokens), parent.extras, list(parent.table), parent.node, parent.depth
         )
 
-    def free(self, request_id: RequestId) -> None:
+    def free(self, request_id: spec.RequestId) -> None:
         """Unlock: drop the request's references, tail first; its full pages stay cached."""
-        req = self._live(request_id)
-        del self._requests[check_request_id(request_id)]
+        req = self._pop_live(request_id)
         for b in reversed(req.table):
             self._unref(b)
 
@@ -304,20 +266,21 @@ class TreeEngine(AdapterBase):
         """Drop the whole tree, only when no page is referenced."""
         if self._held > 0:
             return False
+        self._drop_tree()
+        return True
+
+    def _drop_tree(self) -> None:
+        """Forget every page of the tree: each tree block goes back to the free list."""
         for b, node in enumerate(self._node_of):
             if node is not None:
                 self._node_of[b] = None
                 self._free.append(b)
         self.root = Node(None, -1, None)
-        return True
 
     # ----- observations ---------------------------------------------------------------------
-
-    def block_table(self, request_id: RequestId) -> tuple[int, ...]:
-        return tuple(self._live(request_id).table)
 
     def num_free_blocks(self) -> int:
         return self.N - self._held
 
     def ref_cnt(self, block_id: int) -> int:
-        return self._refs[check_block_id(block_id, self.N)]
+        return self._refs[spec.check_block_id(block_id, self.N)]
