@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from pagedprefix.spec import PrefixCacheError, RequestId
 from pagedprefix.spec.cache import request_sort_key
@@ -198,6 +198,16 @@ def _exited(call: str, exc: BaseException) -> BaseException:
 OP_CALLS = {"reset": "reset_prefix_cache"}
 
 
+def _raise_unexpected(what: str, exc: BaseException) -> NoReturn:
+    """An ``engine-errors`` violation for an ``Exception`` from the engine; any other
+    ``BaseException`` ends the run (``EngineExited``)."""
+    if isinstance(exc, Exception):
+        raise Violation(
+            "engine-errors", f"{what} raised {exception_summary(exc)}", describe_exception(exc)
+        ) from None
+    raise _exited(what, exc) from exc
+
+
 def call_engine_raw(what: str, call: Any, *, start: bool = False) -> Any:
     """``call()`` under the in-process limit (``start``: a factory call, under the start limit,
     :func:`~pagedprefix.conformance.watchdog.guarded`); spec errors, ``UnsupportedConfig`` and
@@ -209,12 +219,8 @@ def call_engine_raw(what: str, call: Any, *, start: bool = False) -> Any:
             return call()
     except (EngineLost, EngineUnavailable, PrefixCacheError, UnsupportedConfig):
         raise
-    except Exception as exc:
-        raise Violation(
-            "engine-errors", f"{what} raised {exception_summary(exc)}", describe_exception(exc)
-        ) from None
     except BaseException as exc:
-        raise _exited(what, exc) from exc
+        _raise_unexpected(what, exc)
 
 
 def call_engine(what: str, call: Any) -> Any:
@@ -229,12 +235,8 @@ def call_engine(what: str, call: Any) -> Any:
         raise
     except PrefixCacheError as exc:
         raise Violation("accounting", f"{what} raised {type(exc).__name__}: {exc}") from None
-    except Exception as exc:
-        raise Violation(
-            "engine-errors", f"{what} raised {exception_summary(exc)}", describe_exception(exc)
-        ) from None
     except BaseException as exc:
-        raise _exited(what, exc) from exc
+        _raise_unexpected(what, exc)
 
 
 def sorted_ids(ids: Iterable[RequestId]) -> list[RequestId]:
@@ -270,6 +272,7 @@ def observe(
                 check_events_json(got)
             return _checked_observation(got, num_blocks)
     obs: Observation = {"num_free_blocks": call_engine("num_free_blocks()", adapter.num_free_blocks)}
+    keys_of: Callable[[PrefixCacheAdapter, Json], Json]
     if hybrid:
         tables = _group_tables(adapter, live_ids)
         obs["group_tables"] = tables

@@ -47,7 +47,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -155,6 +155,28 @@ def worker_setup(parent: int) -> None:
     set_parent_death_signal(signal.SIGKILL, parent)
 
 
+def _spawn_keeper(
+    keeper_args: Callable[[str], list[str]], **popen: Any
+) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start the keeper script in a new session with ``keeper_args(fd)`` (``fd``: the keeper's end
+    of a fresh socket pair, passed to it and closed here) and the other ``Popen`` arguments; the
+    keeper's process and this side's socket."""
+    mine, theirs = socket.socketpair()
+    try:
+        proc: subprocess.Popen[bytes] = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(KEEPER), *keeper_args(str(theirs.fileno()))],
+            start_new_session=True,
+            pass_fds=(theirs.fileno(),),
+            **popen,
+        )
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, mine
+
+
 @contextlib.contextmanager
 def watching_descendants() -> Iterator[None]:
     """While the body runs, a watcher process (:func:`pagedprefix.conformance._keeper.watch`, in a
@@ -164,20 +186,9 @@ def watching_descendants() -> Iterator[None]:
     processes that do not stay below their starter (a local Ray cluster's GCS and raylet reparent to
     ``init`` when the harness dies); one started less than half a second before a SIGKILL can be
     missed."""
-    mine, theirs = socket.socketpair()
-    try:
-        watcher = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(KEEPER), "--watch", str(os.getpid()), str(theirs.fileno())],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-            pass_fds=(theirs.fileno(),),
-        )
-    except BaseException:
-        mine.close()
-        raise
-    finally:
-        theirs.close()
+    watcher, mine = _spawn_keeper(
+        lambda fd: ["--watch", str(os.getpid()), fd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+    )
     try:
         with contextlib.suppress(OSError):  # no report: the body runs unwatched
             _read_report(mine, 60.0)
@@ -227,22 +238,9 @@ def start_kept(
     (``subprocess.Popen`` forms) and environment. The keeper's report is awaited ``timeout``
     seconds. Raises ``OSError`` when the command cannot be started (the message is ``Popen``'s,
     e.g. ``[Errno 2] No such file or directory: 'x'``) or the keeper does not report."""
-    mine, theirs = socket.socketpair()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(KEEPER), str(theirs.fileno()), "--", *argv],
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-            start_new_session=True,
-            pass_fds=(theirs.fileno(),),
-        )
-    except BaseException:
-        mine.close()
-        raise
-    finally:
-        theirs.close()
+    proc, mine = _spawn_keeper(
+        lambda fd: [fd, "--", *argv], stdin=stdin, stdout=stdout, stderr=stderr, env=env
+    )
     kept = KeptProcess(proc, mine, 0)
     try:
         report = _read_report(mine, timeout)

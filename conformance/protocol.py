@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, ForkResult, RequestId
@@ -234,35 +234,13 @@ class Capabilities:
         return self.min_blocks <= num_blocks and (self.max_blocks is None or num_blocks <= self.max_blocks)
 
     def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict (the form of the JSON-lines protocol's ``create`` reply)."""
-        return {
-            "fork": self.fork,
-            "ref_cnt": self.ref_cnt,
-            "free_queue": self.free_queue,
-            "keys": self.keys,
-            "reset": self.reset,
-            "input_errors": self.input_errors,
-            "extras": [k for k in EXTRA_KIND_ORDER if k in self.extras],
-            "free_order": self.free_order,
-            "dedup_on_full": self.dedup_on_full,
-            "exact_ids": self.exact_ids,
-            "publish": self.publish,
-            "publish_decode": self.publish_decode,
-            "lookup": self.lookup,
-            "lookup_is_pure": self.lookup_is_pure,
-            "block_sizes": None if self.block_sizes is None else list(self.block_sizes),
-            "min_blocks": self.min_blocks,
-            "max_blocks": self.max_blocks,
-            "weak_hash": self.weak_hash,
-            "verify_tokens": self.verify_tokens,
-            "spells_extras": self.spells_extras,
-            "groups": [k for k in GROUP_KINDS if k in self.groups],
-            "retention": self.retention,
-            "group_free_order": self.group_free_order,
-            "same_step_state": self.same_step_state,
-            "events": self.events,
-            "protocol_version": self.protocol_version,
-        }
+        """A JSON-ready dict (the form of the JSON-lines protocol's ``create`` reply): every field in
+        declaration order, the sets and tuples as lists (extras and groups in their canonical order)."""
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["extras"] = [k for k in EXTRA_KIND_ORDER if k in self.extras]
+        out["block_sizes"] = None if self.block_sizes is None else list(self.block_sizes)
+        out["groups"] = [k for k in GROUP_KINDS if k in self.groups]
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, object]) -> Capabilities:

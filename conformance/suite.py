@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +74,7 @@ class CheckResult:
     counterexample: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "status": self.status,
-            "detail": self.detail,
-            "counterexample": self.counterexample,
-        }
+        return asdict(self)
 
 
 DEFAULT_EXAMPLES = 600

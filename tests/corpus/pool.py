@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pagedprefix import spec
-from pagedprefix.conformance.protocol import ALL_EXTRA_KINDS, Capabilities
+from pagedprefix.conformance.protocol import Capabilities
 
 from .engine import CorpusEngine, CorpusRequest
 from .extras import Field, typed_fields
@@ -105,8 +105,6 @@ class PoolRequest(CorpusRequest):
 def pool_capabilities(config: spec.CacheConfig) -> Capabilities:
     """Everything the pool can do and show, with the config's policy; no spec-byte keys."""
     return Capabilities(
-        keys=False,
-        extras=ALL_EXTRA_KINDS,
         free_order=config.free_order,
         dedup_on_full=config.dedup_on_full,
         exact_ids=True,

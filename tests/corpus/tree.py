@@ -29,32 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagedprefix import spec
-from pagedprefix.conformance.protocol import ALL_EXTRA_KINDS, Capabilities
+from pagedprefix.conformance.protocol import Capabilities
 
 from .engine import CorpusEngine, CorpusRequest
 from .extras import Field, typed_fields
 
 Label = tuple[tuple[int, ...], tuple[Field, ...]]
 
-TREE_CAPABILITIES = Capabilities(
-    fork=True,
-    ref_cnt=True,
-    free_queue=False,
-    keys=False,
-    reset=True,
-    input_errors=True,
-    extras=ALL_EXTRA_KINDS,
-    free_order="other",
-    dedup_on_full=None,
-    exact_ids=False,
-    publish="allocation",
-    publish_decode="append",
-    lookup=True,
-    lookup_is_pure=True,
-    weak_hash=False,
-    verify_tokens=True,
-)
-"""The tree's declaration: everything but spec keys, a free queue and a weak hash."""
+TREE_CAPABILITIES = Capabilities(free_queue=False, free_order="other", dedup_on_full=None, verify_tokens=True)
+"""The tree's declaration: everything but spec keys, a free queue and a weak hash (the defaults
+but those), following no spec policy."""
 
 
 @dataclass(eq=False)
