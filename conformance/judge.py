@@ -27,37 +27,18 @@ run); ``exact`` requires the identity.
 
 from __future__ import annotations
 
-import json
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
-from pagedprefix.spec import (
-    CacheConfig,
-    Extras,
-    PrefixCacheError,
-    RequestId,
-    blocks_needed,
-    check_extras,
-    check_request_id,
-    check_tokens,
-)
-from pagedprefix.spec.extras import canonical_mm_items
+from pagedprefix.spec import CacheConfig, Extras, RequestId, blocks_needed
 
-from .codec import Json, error_kind, extras_from_json
+from .codec import Json, extras_from_json
 from .driver import Observation, Outcome, Step, describe_step
 from .event_check import EventChecker, Keyed
-from .properties import Violation, at_least
+from .judge_base import JudgeBase, Lost, Renaming, first_error
 
-
-class Lost(Exception):
-    """A violation of a property the caller disabled: the judge's model no longer matches the
-    engine, so the run cannot go on meaningfully (the stateful runner discards the example)."""
-
-    def __init__(self, prop: str, message: str) -> None:
-        self.prop = prop
-        super().__init__(f"[{prop}] {message}")
+__all__ = ["STATE_FIELDS", "Judge", "Lost", "Renaming", "Req", "first_error"]
 
 
 @dataclass
@@ -70,87 +51,12 @@ class Req:
     idents: list[int] = field(default_factory=list)
 
 
-class Renaming:
-    """A partial bijection spec block id <-> engine block id, built as pairs are first seen."""
-
-    def __init__(self) -> None:
-        self.s2e: dict[int, int] = {}
-        self.e2s: dict[int, int] = {}
-
-    def pair(self, s: int, e: int) -> bool:
-        """Record ``s <-> e``; False if it contradicts an earlier pair."""
-        if s in self.s2e:
-            return self.s2e[s] == e
-        if e in self.e2s:
-            return False
-        self.s2e[s] = e
-        self.e2s[e] = s
-        return True
-
-
-def first_error(step: Step, live: dict[RequestId, Req]) -> str | None:
-    """The error kind the spec's precedence gives ``step`` on input alone (request id, liveness,
-    tokens, extras) — everything but capacity. ``None`` when the input is valid."""
-    op = step["op"]
-
-    def new_id(rid: Any) -> None:
-        check_request_id(rid)
-        if rid in live:
-            raise _Kind("DuplicateRequest")
-
-    def live_id(rid: Any) -> None:
-        check_request_id(rid)
-        if rid not in live:
-            raise _Kind("UnknownRequest")
-
-    try:
-        if op == "allocate":
-            new_id(step["request_id"])
-            tokens = check_tokens(step["tokens"])
-            check_extras(extras_from_json(step.get("extras")), len(tokens))
-        elif op == "append":
-            live_id(step["request_id"])
-            check_tokens(step["tokens"])
-        elif op == "fork":
-            live_id(step["parent_id"])
-            new_id(step["child_id"])
-        elif op == "free":
-            live_id(step["request_id"])
-        elif op == "lookup":
-            tokens = check_tokens(step["tokens"])
-            check_extras(extras_from_json(step.get("extras")), len(tokens))
-    except _Kind as k:
-        return k.kind
-    except PrefixCacheError as exc:
-        return error_kind(exc)
-    return None
-
-
-def _extras_text(lora: tuple[str, int] | None, salt: str) -> str:
-    """The extras of an identity's root, in the steps' JSON form (``no extras`` for none)."""
-    parts: dict[str, Json] = {}
-    if lora is not None:
-        parts["lora"] = {"id": lora[1], "name": lora[0]}
-    if salt:
-        parts["cache_salt"] = salt
-    return json.dumps(parts, sort_keys=True) if parts else "no extras"
-
-
-def _items_text(items: tuple[tuple[str, int], ...]) -> str:
-    """Multimodal items starting at one position, as ``identifier (length n)``; ``none``."""
-    return ", ".join(f"{ident!r} (length {n})" for ident, n in items) or "none"
-
-
-class _Kind(Exception):
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-
-
 STATE_FIELDS = ("num_free_blocks", "tables", "ref_cnt", "free_blocks", "cached_keys")
 
 
-class Judge:
-    """Checks one run (a vector case or a stateful example) at one profile level.
+class Judge(JudgeBase[Req]):
+    """Checks one run (a vector case or a stateful example) at one profile level, for the one
+    full-attention group of SEMANTICS.md sections 1-7 (the shared skeleton: :class:`JudgeBase`).
 
     Args:
         config: the cache config the engine was built with.
@@ -167,6 +73,16 @@ class Judge:
             or a decode must store exactly that request's newly keyed blocks.
     """
 
+    STATE_FIELDS = STATE_FIELDS
+    TABLES, TABLE_NAME = "tables", "block_table"
+    ALLOWED_ERRORS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "allocate": ("OutOfBlocks",),
+        "append": ("OutOfBlocks",),
+    }
+    ACCOUNTING, HELD, ATOMIC = "accounting", "held-blocks", "atomic-failure"
+    IN_QUEUE = "block {b} is held by request {rid!r} but sits in the free queue {queue}"
+    NOT_UNREFERENCED = "free queue {queue} is not the set of unreferenced blocks {unused}"
+
     def __init__(
         self,
         config: CacheConfig,
@@ -177,115 +93,13 @@ class Judge:
         events: bool = False,
         publishes_at_operation: bool = True,
     ) -> None:
-        self.config = config
+        super().__init__(config, level, disabled)
         self.events = EventChecker(config.block_size, self.fail) if events else None
         self.publishes_at_operation = publishes_at_operation
-        self._keyed: Keyed | None = None
         self.publish_decode = publish_decode
         self.published: set[int] = set()
         self.pending: dict[RequestId, set[int]] = {}
-        self.engine_pops = 0
-        self.B = config.block_size
-        self.N = config.num_blocks
-        self.level = level
-        self.policy = at_least(level, "lru")
-        self.maximal = at_least(level, "maximal")
-        self.exact = level == "exact"
-        self.disabled = disabled
-        self.live: dict[RequestId, Req] = {}
-        self.renaming = Renaming()
         self.slots: dict[int, list[int | None]] = {}
-        self.prev: Observation = {}
-        self._interned: dict[tuple[Any, ...], int] = {}
-        self._keys: list[tuple[Any, ...]] = []
-
-    # ----- reporting ------------------------------------------------------------------------
-
-    def fail(self, prop: str, message: str, detail: str = "") -> None:
-        if prop in self.disabled:
-            raise Lost(prop, message)
-        raise Violation(prop, message, detail)
-
-    # ----- identities -----------------------------------------------------------------------
-
-    def _intern(self, key: tuple[Any, ...]) -> int:
-        ident = self._interned.get(key)
-        if ident is None:
-            ident = len(self._interned)
-            self._interned[key] = ident
-            self._keys.append(key)
-        return ident
-
-    def _chain(self, ident: int) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
-        """The root key ``("root", lora, salt)`` of an identity and its per-position keys
-        ``(prev, token, starting multimodal items, prompt embedding)``, position 0 first."""
-        chain: list[tuple[Any, ...]] = []
-        key = self._keys[ident]
-        while key[0] != "root":
-            chain.append(key)
-            key = self._keys[key[0]]
-        chain.reverse()
-        return key, chain
-
-    def differs(
-        self,
-        held: int | None,
-        want: int,
-        first: int = 0,
-        held_name: str = "the block",
-        want_name: str = "this request",
-    ) -> str:
-        """Which part of the content differs when a slot holds identity ``held`` (the content
-        ``held_name`` has there) where ``want_name`` reads ``want``: the tokens (the first
-        position they differ at; before ``first``, the start of the block read, the block's own
-        tokens are equal and its parent chain differs), a multimodal item or prompt embedding at
-        a position, the position itself, or, with every token equal, only the extras (each
-        side's LoRA and ``cache_salt`` named). Reads the judge's model of what each slot holds."""
-        if held is None:
-            return "it was never written"
-        (_, h_lora, h_salt), h = self._chain(held)
-        (_, w_lora, w_salt), w = self._chain(want)
-        sides = f"in {held_name}, {{}} in {want_name}"
-        own_equal = len(h) == len(w) and all(h[k][1:] == w[k][1:] for k in range(first, len(w)))
-        for i, (a, b) in enumerate(zip(h, w)):
-            parent = ""
-            if i < first:
-                own = "are equal" if own_equal else "differ too"
-                parent = f" (the parent chain differs: the block's own tokens {own})"
-            if a[1] != b[1]:
-                return f"the tokens differ at position {i}: {a[1]} {sides.format(b[1])}{parent}"
-            if a[2] != b[2]:
-                return (
-                    f"the multimodal items starting at position {i} differ: {_items_text(a[2])} "
-                    f"{sides.format(_items_text(b[2]))}{parent}"
-                )
-            if a[3] != b[3]:
-                return f"the prompt embedding at position {i} differs{parent}"
-        if len(h) != len(w):
-            return (
-                f"the tokens agree, but {held_name} holds the KV of position {len(h) - 1} where "
-                f"{want_name} reads position {len(w) - 1}"
-            )
-        return (
-            f"the tokens are equal, only the extras differ: {_extras_text(h_lora, h_salt)} "
-            + sides.format(_extras_text(w_lora, w_salt))
-        )
-
-    def _extend_idents(self, req: Req, new_tokens: list[int]) -> None:
-        extras = req.extras
-        if req.idents:
-            prev = req.idents[-1]
-        else:
-            lora = None if extras.lora is None else (extras.lora.name, extras.lora.lora_id)
-            prev = self._intern(("root", lora, extras.cache_salt))
-        items = canonical_mm_items(extras.mm_items)
-        embeds = extras.prompt_embeds
-        embedded = dict(zip(embeds.positions, embeds.data)) if embeds is not None else {}
-        for token in new_tokens:
-            p = len(req.idents)
-            starting = tuple((m.identifier, m.length) for m in items if m.start == p)
-            prev = self._intern((prev, token, starting, embedded.get(p)))
-            req.idents.append(prev)
 
     def _slot(self, block: int) -> list[int | None]:
         slots = self.slots.get(block)
@@ -293,6 +107,9 @@ class Judge:
             slots = [None] * self.B
             self.slots[block] = slots
         return slots
+
+    def _entries(self, req: Req) -> Iterator[tuple[int, int, int]]:
+        return ((0, j, b) for j, b in enumerate(req.table))
 
     def _holders(self) -> dict[int, list[tuple[RequestId, int]]]:
         holders: dict[int, list[tuple[RequestId, int]]] = {}
@@ -324,72 +141,6 @@ class Judge:
                     + self.differs(ident, other.idents[pos], pos - slot, "the write", f"request {rid!r}"),
                 )
         self._slot(block)[slot] = ident
-
-    # ----- the run --------------------------------------------------------------------------
-
-    def start(self, obs: Observation, expected: Observation | None) -> None:
-        """Check the fresh engine's state (everything free) and pair it with the spec's."""
-        self.prev = obs
-        self._check_accounting(obs)
-        if self.events is not None:
-            self.events.check(
-                "the engine's creation", obs.get("events"), obs.get("cached_keys"),
-                failed=False, reset=False, keyed=None,
-            )
-        if expected is not None and self.policy:
-            self._compare_state(obs, expected, "creation")
-
-    def check(
-        self,
-        step: Step,
-        outcome: Outcome,
-        obs: Observation,
-        expected: dict[str, Json] | None,
-        leaked_id: bool = False,
-    ) -> None:
-        """Judge one step. ``leaked_id``: a failed allocate/fork left its new id live."""
-        before = self.prev
-        op = step["op"]
-        what = describe_step(step)
-        self._keyed = None
-        if outcome.crash is not None:
-            self.fail("engine-errors", f"{what} crashed: {outcome.crash}", outcome.trace)
-        want = first_error(step, self.live)
-        owed = self.published_hit(step) if want is None and op in ("allocate", "lookup") else 0
-        if not outcome.ok:
-            assert outcome.error is not None
-            if want is not None and outcome.error != want:
-                self.fail("error-kinds", f"{what} raised {outcome.error}; the spec raises {want}")
-            if want is None and (outcome.error != "OutOfBlocks" or op not in ("allocate", "append")):
-                self.fail("error-kinds", f"{what} raised {outcome.error} on valid input")
-            changed = [f for f in STATE_FIELDS if f in obs and obs.get(f) != before.get(f)]
-            if changed:
-                self.fail(
-                    "atomic-failure",
-                    f"{what} raised {outcome.error} but changed {', '.join(changed)}: "
-                    + "; ".join(f"{f} {before.get(f)} -> {obs.get(f)}" for f in changed),
-                )
-            if leaked_id:
-                self.fail("atomic-failure", f"{what} raised {outcome.error} but left the new request live")
-            if outcome.error == "OutOfBlocks":
-                self._check_progress(step, before, what)
-        else:
-            if want is not None:
-                self.fail("error-kinds", f"{what} succeeded; the spec raises {want}")
-            self._apply(step, outcome, obs, what)
-        self._check_tables(step, obs, what)
-        self._check_contents(step)
-        self._check_held(obs)
-        self._check_accounting(obs)
-        if self.events is not None:
-            reset = bool(outcome.ok and op == "reset" and (outcome.result or {}).get("reset") is True)
-            self.events.check(
-                what, obs.get("events"), obs.get("cached_keys"),
-                failed=not outcome.ok, reset=reset, keyed=self._keyed,
-            )
-        if expected is not None:
-            self._compare(step, outcome, obs, expected, what, owed)
-        self.prev = obs
 
     # ----- core -----------------------------------------------------------------------------
 
@@ -561,6 +312,9 @@ class Judge:
             hits += 1
         return hits * self.B
 
+    def _owed(self, step: Step) -> int:
+        return self.published_hit(step)
+
     def _check_tables(self, step: Step, obs: Observation, what: str) -> None:
         """Tables must be as the operations left them, except a canonicalized duplicate
         (SEMANTICS section 6): an entry replaced by another block holding the same content."""
@@ -647,97 +401,17 @@ class Judge:
                     + self.differs(self._slot(b)[p % self.B], req.idents[p], p - p % self.B, f"block {b}"),
                 )
 
-    def _check_held(self, obs: Observation) -> None:
-        queue = obs.get("free_blocks")
-        refs = obs.get("ref_cnt")
-        queued = set(queue) if queue is not None else set()
-        for rid, req in self.live.items():
-            for b in req.table:
-                if b in queued:
-                    self.fail(
-                        "held-blocks",
-                        f"block {b} is held by request {rid!r} but sits in the free queue {queue}",
-                    )
-                if refs is not None and refs[b] <= 0:
-                    self.fail(
-                        "held-blocks", f"block {b} is held by request {rid!r} but has ref_cnt {refs[b]}"
-                    )
-
-    def _check_accounting(self, obs: Observation) -> None:
-        uses: Counter[int] = Counter(b for req in self.live.values() for b in req.table)
-        free = int(obs["num_free_blocks"])
-        if free + len(uses) != self.N:
-            self.fail(
-                "accounting",
-                f"{free} free blocks + {len(uses)} held blocks != {self.N}"
-                + ("" if self.live else " (no request is live: every block must be free)"),
-            )
-        refs = obs.get("ref_cnt")
-        if refs is not None:
-            for b in range(self.N):
-                if refs[b] != uses.get(b, 0):
-                    self.fail(
-                        "accounting",
-                        f"ref_cnt({b}) = {refs[b]} but {uses.get(b, 0)} table entries point at it",
-                    )
-        queue = obs.get("free_blocks")
-        if queue is not None:
-            if len(queue) != free or len(set(queue)) != len(queue):
-                self.fail(
-                    "accounting", f"free queue {queue} does not hold num_free_blocks = {free} distinct blocks"
-                )
-            unused = set(range(self.N)) - set(uses)
-            if set(queue) != unused:
-                self.fail(
-                    "accounting", f"free queue {queue} is not the set of unreferenced blocks {sorted(unused)}"
-                )
-
     # ----- comparisons with the spec --------------------------------------------------------
 
-    def _compare(
-        self, step: Step, outcome: Outcome, obs: Observation, exp: dict[str, Json], what: str, owed: int
-    ) -> None:
-        """Compare with the spec's expectation ``exp`` at the profile's level. ``owed``: the hit
-        the engine's own publications allow (profile ``maximal`` asks no more than that)."""
-        self._compare_keys(obs, exp)
-        if not self.maximal:
-            return
-        exp_err = exp.get("error")
-        exp_res = exp.get("result") or {}
-        res = outcome.result or {}
-        op = step["op"]
-        if self.policy:
-            if outcome.error != exp_err:
-                prop = "policy-sharing" if "OutOfBlocks" in (outcome.error, exp_err) else "error-kinds"
-                self.fail(prop, f"{what}: engine {outcome.describe()}, spec {exp_err or 'succeeds'}")
-            if outcome.ok:
-                if (
-                    op in ("allocate", "lookup")
-                    and res["num_computed_tokens"] != exp_res["num_computed_tokens"]
-                ):
-                    self.fail(
-                        "policy-hits",
-                        f"{what} hit {res['num_computed_tokens']} tokens; "
-                        f"the spec hits {exp_res['num_computed_tokens']}",
-                    )
-                if op == "reset" and res["reset"] != exp_res["reset"]:
-                    self.fail(
-                        "policy-hits", f"{what} returned {res['reset']}; the spec returns {exp_res['reset']}"
-                    )
-                if op == "allocate":
-                    self._same_seq(
-                        exp_res["block_table"], res["block_table"], "policy-sharing", f"{what}: block_table"
-                    )
-                if op == "append":
-                    exp_c = [b for pair in exp_res["copies"] for b in pair]
-                    got_c = [b for pair in res["copies"] for b in pair]
-                    self._same_seq(exp_c, got_c, "policy-sharing", f"{what}: copy-on-write copies")
-                    self._same_seq(
-                        exp_res["block_table"], res["block_table"], "policy-sharing", f"{what}: block_table"
-                    )
-            self._compare_state(obs, exp, what)
-        elif outcome.ok and exp_err is None and op in ("allocate", "lookup"):
-            self._compare_maximal(step, res["num_computed_tokens"], exp, what, owed)
+    def _compare_result(self, op: str, exp_res: dict[str, Json], res: dict[str, Json], what: str) -> None:
+        if op == "allocate":
+            self._same_tables(exp_res["block_table"], res["block_table"], f"{what}: block_table")
+        if op == "append":
+            exp_c = [b for pair in exp_res["copies"] for b in pair]
+            got_c = [b for pair in res["copies"] for b in pair]
+            self._same_seq(exp_c, got_c, "policy-sharing", f"{what}: copy-on-write copies")
+            self._same_tables(exp_res["block_table"], res["block_table"], f"{what}: block_table")
+
 
     def _compare_maximal(self, step: Step, got: int, exp: dict[str, Json], what: str, owed: int) -> None:
         """Without eviction pressure, a hit at least as long as the spec's — and as what the engine
@@ -756,57 +430,5 @@ class Judge:
             f"{self.N} in the pool)",
         )
 
-    def _same_seq(self, spec_ids: list[int], engine_ids: list[int], prop: str, what: str) -> None:
-        if len(spec_ids) != len(engine_ids):
-            self.fail(prop, f"{what}: engine {engine_ids}, spec {spec_ids}")
-        for s, e in zip(spec_ids, engine_ids):
-            if not self.renaming.pair(s, e):
-                self.fail(
-                    prop,
-                    f"{what}: engine {engine_ids}, spec {spec_ids} (no consistent renaming: spec block {s} "
-                    f"was engine block {self.renaming.s2e.get(s)}, engine block {e} was spec block "
-                    f"{self.renaming.e2s.get(e)})",
-                )
-        if self.exact and list(spec_ids) != list(engine_ids):
-            self.fail("exact-ids", f"{what}: engine {engine_ids}, spec {spec_ids}")
-
-    def _compare_state(self, obs: Observation, exp: Observation, what: str) -> None:
-        if obs["num_free_blocks"] != exp["num_free_blocks"]:
-            self.fail(
-                "policy-sharing",
-                f"after {what}: {obs['num_free_blocks']} free blocks; the spec has {exp['num_free_blocks']}",
-            )
-        exp_tables = {self._rid_key(rid): t for rid, t in exp["tables"]}
-        for rid, table in obs["tables"]:
-            want = exp_tables.get(self._rid_key(rid))
-            if want is None:
-                self.fail(
-                    "policy-sharing", f"after {what}: request {rid!r} is live; the spec has no such request"
-                )
-                return
-            self._same_seq(want, table, "policy-sharing", f"after {what}: block_table({rid!r})")
-        if "free_blocks" in obs and "free_blocks" in exp:
-            self._same_seq(
-                exp["free_blocks"], obs["free_blocks"], "policy-free-queue", f"after {what}: free queue"
-            )
-        if "ref_cnt" in obs and "ref_cnt" in exp:
-            for s, e in sorted(self.renaming.s2e.items()):
-                if obs["ref_cnt"][e] != exp["ref_cnt"][s]:
-                    self.fail(
-                        "policy-sharing",
-                        f"after {what}: ref_cnt({e}) = {obs['ref_cnt'][e]}; "
-                        f"the spec's block {s} has {exp['ref_cnt'][s]}",
-                    )
-
-    @staticmethod
-    def _rid_key(rid: Json) -> tuple[bool, str]:
-        return (isinstance(rid, str), repr(rid))
-
-    def _compare_keys(self, obs: Observation, exp: dict[str, Json]) -> None:
-        if "keys" not in obs or "keys" not in exp:
-            return
-        want = {self._rid_key(rid): k for rid, k in exp["keys"]}
-        for rid, keys in obs["keys"]:
-            expected = want.get(self._rid_key(rid))
-            if expected is not None and keys != expected:
-                self.fail("block-keys", f"keys of request {rid!r}: engine {keys}, spec {expected}")
+    def _same_tables(self, spec: Json, engine: Json, what: str) -> None:
+        self._same_seq(spec, engine, "policy-sharing", what)
