@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -366,8 +367,8 @@ def matrix(
             check_output_path(json_path, "--json")
         if not 0 <= seed < 2**63:
             raise UserError(f"--seed must be in [0, 2**63), got {seed}")
-        if jobs < 0:
-            raise UserError(f"--jobs must be >= 0, got {jobs}")
+        if not 0 <= jobs <= (os.cpu_count() or 1):
+            raise UserError(f"--jobs must be in [0, {os.cpu_count() or 1}], got {jobs}")
     except UserError as exc:
         raise fail_user(str(exc), "matrix") from None
     engines = [*MATRIX_ENGINES, *(MatrixEngine(name, "") for name in engine or [])]

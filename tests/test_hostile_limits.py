@@ -312,7 +312,7 @@ BASE = {
 NUMERIC = [
     ("conform", "--seed"), ("conform", "--max-examples"), ("conform", "--steps"),
     ("conform", "--time-budget"), ("conform", "--call-timeout"), ("conform", "--start-timeout"),
-    ("matrix", "--seed"),
+    ("matrix", "--seed"), ("matrix", "--jobs"),
     ("replay", "--num-blocks"), ("replay", "--block-size"), ("replay", "--max-running"),
     ("replay", "--decode-chunk"), ("replay", "--max-output"), ("replay", "--samples"),
     ("replay", "--step-ms"), ("replay", "--limit"), ("replay", "--replicas"),

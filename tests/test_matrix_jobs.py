@@ -63,11 +63,13 @@ def test_real_rows_are_the_same_in_workers() -> None:
     assert [c.verdict for c in run_matrix(engines, [], 0, jobs=2)] == ["not driven", "not installed"]
 
 
-def test_a_negative_jobs_is_a_user_error() -> None:
+@pytest.mark.parametrize("jobs", [-1, (os.cpu_count() or 1) + 1])
+def test_jobs_out_of_range_is_a_user_error(jobs: int) -> None:
     from pagedprefix import cli
     from typer.testing import CliRunner
 
     cli._register()
-    done = CliRunner().invoke(cli.app, ["matrix", "--jobs", "-1"])
+    done = CliRunner().invoke(cli.app, ["matrix", "--jobs", str(jobs)])
     assert done.exit_code == 2
-    assert done.stderr.strip() == "pagedprefix matrix: error: --jobs must be >= 0, got -1"
+    cores = os.cpu_count() or 1
+    assert done.stderr.strip() == f"pagedprefix matrix: error: --jobs must be in [0, {cores}], got {jobs}"
