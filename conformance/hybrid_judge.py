@@ -368,37 +368,30 @@ class HybridJudge(RetentionAdequacy[HReq]):
 
     # ----- successful operations ----------------------------------------------------------------
 
-    def _apply(self, step: Step, outcome: Outcome, obs: Observation, what: str) -> None:
-        op = step["op"]
-        result = outcome.result or {}
-        if op == "allocate":
-            self._apply_allocate(step, result, what)
-        elif op == "append":
-            self._apply_append(step, result, what)
-        elif op == "fork":
-            self._apply_fork(step, result, obs, what)
-        elif op == "free":
-            rid = step["request_id"]
-            del self.live[rid]
-            if any(self.groups[g].kind == "mamba" for g in range(len(self.groups))):
-                for b in [b for b, w in self.writer.items() if w == rid]:  # aborted: never written
-                    del self.writer[b]
-                    if b in self.data and self.data[b].state is not None:
-                        self.data[b].state = None
-                        self.aborted.add(b)
-                self.seen = [s for s in self.seen if not (s.rid == rid and s.step == self.step_index)]
-        elif op == "new_step":
-            self.written_in_step.clear()
-            self.writer.clear()
-            self.step_index += 1
-        elif op == "lookup":
-            self._check_boundary(int(result["num_computed_tokens"]), len(step["tokens"]), what)
-        elif op == "reset" and result["reset"]:
-            if self.live:
-                self.fail(H6, f"{what} returned True while {len(self.live)} requests hold blocks")
-            self.seen.clear()
-            self.attention_seen.clear()
-            self.engine_pops = 0
+    def _apply_free(self, request_id: RequestId) -> None:
+        del self.live[request_id]
+        if any(group.kind == "mamba" for group in self.groups):
+            for b in [b for b, w in self.writer.items() if w == request_id]:  # aborted: never written
+                del self.writer[b]
+                if b in self.data and self.data[b].state is not None:
+                    self.data[b].state = None
+                    self.aborted.add(b)
+            self.seen = [s for s in self.seen if not (s.rid == request_id and s.step == self.step_index)]
+
+    def _apply_new_step(self) -> None:
+        self.written_in_step.clear()
+        self.writer.clear()
+        self.step_index += 1
+
+    def _apply_lookup(self, hit: int, num_tokens: int, what: str) -> None:
+        self._check_boundary(hit, num_tokens, what)
+
+    def _apply_reset(self, what: str) -> None:
+        if self.live:
+            self.fail(H6, f"{what} returned True while {len(self.live)} requests hold blocks")
+        self.seen.clear()
+        self.attention_seen.clear()
+        self.engine_pops = 0
 
     def _check_boundary(self, hit: int, n: int, what: str) -> None:
         if not 0 <= hit <= n - 1 or hit % self.A:

@@ -34,7 +34,7 @@ from typing import ClassVar
 from pagedprefix.spec import CacheConfig, Extras, RequestId, blocks_needed
 
 from .codec import Json, extras_from_json
-from .driver import Observation, Outcome, Step, describe_step
+from .driver import Observation, Step, describe_step
 from .event_check import EventChecker, Keyed
 from .judge_base import JudgeBase, Lost, Renaming, first_error
 
@@ -170,35 +170,28 @@ class Judge(JudgeBase[Req]):
         if len(set(table)) != len(table):
             self.fail("accounting", f"{what}: block_table {table} holds a block twice")
 
-    def _apply(self, step: Step, outcome: Outcome, obs: Observation, what: str) -> None:
-        """Take a successful operation into the judge's model, checking its core properties."""
-        op = step["op"]
-        result = outcome.result or {}
-        if op == "allocate":
-            self._apply_allocate(step, result, what)
-        elif op == "append":
-            self._apply_append(step, result, what)
-        elif op == "fork":
-            parent = self.live[step["parent_id"]]
-            child_id = step["child_id"]
-            table = dict((rid, t) for rid, t in obs["tables"]).get(child_id, [])
-            self._check_table_shape(list(table), len(parent.tokens), what)
-            self.live[child_id] = Req(list(parent.tokens), parent.extras, list(table), list(parent.idents))
-            if step["parent_id"] in self.pending:
-                self.pending[child_id] = set(self.pending[step["parent_id"]])
-        elif op == "free":
-            del self.live[step["request_id"]]
-            self.published |= self.pending.pop(step["request_id"], set())
-        elif op == "lookup":
-            h = int(result["num_computed_tokens"])
-            n = len(step["tokens"])
-            if not 0 <= h <= n - 1:
-                self.fail("hit-cap", f"{what} returned {h} for a {n}-token prompt")
-        elif op == "reset" and result["reset"]:
-            if self.live:
-                self.fail("held-blocks", f"{what} returned True while {len(self.live)} requests hold blocks")
-            self.published.clear()
-            self.engine_pops = 0
+    def _apply_fork(self, step: Step, result: dict[str, Json], obs: Observation, what: str) -> None:
+        parent = self.live[step["parent_id"]]
+        child_id = step["child_id"]
+        table = dict((rid, t) for rid, t in obs["tables"]).get(child_id, [])
+        self._check_table_shape(list(table), len(parent.tokens), what)
+        self.live[child_id] = Req(list(parent.tokens), parent.extras, list(table), list(parent.idents))
+        if step["parent_id"] in self.pending:
+            self.pending[child_id] = set(self.pending[step["parent_id"]])
+
+    def _apply_free(self, request_id: RequestId) -> None:
+        del self.live[request_id]
+        self.published |= self.pending.pop(request_id, set())
+
+    def _apply_lookup(self, hit: int, num_tokens: int, what: str) -> None:
+        if not 0 <= hit <= num_tokens - 1:
+            self.fail("hit-cap", f"{what} returned {hit} for a {num_tokens}-token prompt")
+
+    def _apply_reset(self, what: str) -> None:
+        if self.live:
+            self.fail("held-blocks", f"{what} returned True while {len(self.live)} requests hold blocks")
+        self.published.clear()
+        self.engine_pops = 0
 
     def _apply_allocate(self, step: Step, result: dict[str, Json], what: str) -> None:
         holders = self._holders()

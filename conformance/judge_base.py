@@ -318,8 +318,47 @@ class JudgeBase(Generic[R]):
         raise NotImplementedError
 
     def _apply(self, step: Step, outcome: Outcome, obs: Observation, what: str) -> None:
-        """Take a successful operation into the judge's model, checking its core properties."""
+        """Take a successful operation into the judge's model, checking its core properties: one
+        hook per verb (a ``reset`` only when it did reset); what a block holds is the family's."""
+        result = outcome.result or {}
+        match step["op"]:
+            case "allocate":
+                self._apply_allocate(step, result, what)
+            case "append":
+                self._apply_append(step, result, what)
+            case "fork":
+                self._apply_fork(step, result, obs, what)
+            case "free":
+                self._apply_free(step["request_id"])
+            case "lookup":
+                self._apply_lookup(int(result["num_computed_tokens"]), len(step["tokens"]), what)
+            case "reset" if result["reset"]:
+                self._apply_reset(what)
+            case "new_step":
+                self._apply_new_step()
+
+    def _apply_allocate(self, step: Step, result: dict[str, Json], what: str) -> None:
         raise NotImplementedError
+
+    def _apply_append(self, step: Step, result: dict[str, Json], what: str) -> None:
+        raise NotImplementedError
+
+    def _apply_fork(self, step: Step, result: dict[str, Json], obs: Observation, what: str) -> None:
+        raise NotImplementedError
+
+    def _apply_free(self, request_id: RequestId) -> None:
+        raise NotImplementedError
+
+    def _apply_lookup(self, hit: int, num_tokens: int, what: str) -> None:
+        """A lookup's hit of ``hit`` tokens for a ``num_tokens``-token prompt."""
+        raise NotImplementedError
+
+    def _apply_reset(self, what: str) -> None:
+        """A ``reset_prefix_cache`` that returned True."""
+        raise NotImplementedError
+
+    def _apply_new_step(self) -> None:
+        """A scheduler step boundary: nothing to record unless the family publishes at steps."""
 
     def _check_tables(self, step: Step, obs: Observation, what: str) -> None:
         """The reported tables are those the operations left."""
