@@ -218,11 +218,12 @@ def engines(session: nox.Session) -> None:
 
 @nox.session
 def history(session: nox.Session) -> None:
-    """vLLM's release history on a fixed subset, one release per era (``pagedprefix.conformance.history
-    .CI_RELEASES``): each wheel downloaded from PyPI (about 300 MB each; only its pure-Python files
-    are kept, in ``~/.cache/pagedprefix/vllm``), judged in a process of its own, and compared with
-    docs/HISTORY.md (``--check``). ``nox -s history -- --all`` checks every release (README: "Real
-    engines"); ``-- --update`` rewrites docs/HISTORY.md from every release."""
+    """vLLM's release history on a fixed subset, one release per era
+    (``pagedprefix.conformance.reporting.history.CI_RELEASES``): each wheel downloaded from PyPI
+    (about 300 MB each; only its pure-Python files are kept, in ``~/.cache/pagedprefix/vllm``),
+    judged in a process of its own, and compared with docs/HISTORY.md (``--check``).
+    ``nox -s history -- --all`` checks every release (README: "Real engines"); ``-- --update``
+    rewrites docs/HISTORY.md from every release."""
     install_package(session, "kernels")
     session.install("--no-deps", *ENGINE_DEPS)
     session.install(*DEV)

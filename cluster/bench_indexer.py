@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from pagedprefix.conformance.watchdog import EngineHung, call_limit
+from pagedprefix.conformance.protocol.watchdog import EngineHung, call_limit
 from pagedprefix.spec.events import BlockRemoved, BlockStored, EventBatch
 
 from .indexer import IndexerConfig, KVIndexer, ReferenceIndexer
@@ -142,7 +142,7 @@ def _agreement(answers: Sequence[dict[str, int | None]], ref: Sequence[dict[str,
 def bench(indexer: str, stream: Stream, repeat: int = 3, timeout: float = 600.0) -> list[Row]:
     """The rows: the reference, ``indexer``, and for ``dynamo`` the tree's calls alone. Each
     indexer's runs together must end within ``timeout`` seconds (one ``SIGALRM`` limit around them,
-    on the main thread: :class:`~pagedprefix.conformance.watchdog.EngineHung` otherwise), so a hung
+    on the main thread: :class:`~pagedprefix.conformance.protocol.watchdog.EngineHung` otherwise), so a hung
     indexer ends the bench instead of hanging it."""
     ev, bl = stream.events, stream.blocks
     with call_limit("the reference's runs", timeout):

@@ -24,11 +24,11 @@ from typing import Annotated, Any
 
 import typer
 from pagedprefix.conformance.protocol import EngineUnavailable
-from pagedprefix.conformance.subprocess_adapter import EngineProcessError
-from pagedprefix.conformance.supervise import supervised_command
-from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
-from pagedprefix.conformance.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
-from pagedprefix.conformance.watchdog import EngineHung
+from pagedprefix.conformance.protocol.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
+from pagedprefix.conformance.protocol.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
+from pagedprefix.conformance.protocol.watchdog import EngineHung
+from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError
+from pagedprefix.conformance.running.supervise import supervised_command
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, set_cluster_hook
 from pagedprefix.replay.cli_common import (
     PLOT_HINT,
@@ -164,7 +164,7 @@ def _indexer_conform_run(indexer: str, in_process: bool, paths: list[Path], call
                          start_timeout: float, scenarios: list[Scenario], out: Console,
                          json_path: Path | None) -> None:
     """Judge the indexer, print the table, write the report (in the supervised child:
-    :mod:`pagedprefix.conformance.supervise`, so an in-process indexer's ``os._exit`` is a FAIL)."""
+    :mod:`pagedprefix.conformance.running.supervise`, so an in-process indexer's ``os._exit`` is a FAIL)."""
     verdicts = _judge_indexer(indexer, in_process, paths, call_timeout, start_timeout, scenarios)
     out.print(_table(verdicts))
     passed = sum(v.passed for v in verdicts)

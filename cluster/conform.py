@@ -24,15 +24,16 @@ main thread it installs a ``SIGINT`` handler that marks the interrupt as the use
 ``KeyboardInterrupt``; such an interrupt passes the boundary (the command exits 130). An
 in-process candidate that calls ``os._exit`` or dies by a signal ends the process itself: the
 ``indexer-conform`` command runs its judging in a supervised child
-(:mod:`pagedprefix.conformance.supervise`), so that too is a FAIL (exit 1, one line). A candidate
+(:mod:`pagedprefix.conformance.running.supervise`), so that too is a FAIL (exit 1, one line). A candidate
 that installs its own ``SIGINT`` handler is beyond any boundary: run untrusted indexers in the
 worker process (the default), where a dead process is a finding with its exit status.
 
-**One limit per candidate.** A candidate that hung (:class:`~pagedprefix.conformance.watchdog.EngineHung`:
-a call ran over its limit, so its state is unknown) or whose process is gone
-(:class:`~pagedprefix.conformance.subprocess_adapter.EngineProcessError`) is failed once; the
-scenarios after it are *not run* (:attr:`Verdict.ran` false), so a hung candidate costs one time
-limit, not one per scenario. A run that judged no scenario is never a pass (:func:`all_passed`).
+**One limit per candidate.** A candidate that hung
+(:class:`~pagedprefix.conformance.protocol.watchdog.EngineHung`: a call ran over its limit, so its
+state is unknown) or whose process is gone
+(:class:`~pagedprefix.conformance.running.subprocess_adapter.EngineProcessError`) is failed once;
+the scenarios after it are *not run* (:attr:`Verdict.ran` false), so a hung candidate costs one
+time limit, not one per scenario. A run that judged no scenario is never a pass (:func:`all_passed`).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ from functools import partial
 from types import FrameType
 from typing import TypeVar
 
-from pagedprefix.conformance.lifetime import Terminated, received
-from pagedprefix.conformance.subprocess_adapter import EngineProcessError
-from pagedprefix.conformance.watchdog import EngineHung
+from pagedprefix.conformance.protocol.watchdog import EngineHung
+from pagedprefix.conformance.running.lifetime import Terminated, received
+from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError
 from pagedprefix.spec.events import EventBatch
 
 from .indexer import IndexerConfig, KVIndexer, ReferenceIndexer

@@ -1,6 +1,6 @@
 """The indexer section of ``docs/MATRIX.md``: third-party KV indexers judged by ``indexer-conform``.
 
-``pagedprefix matrix`` writes the engines' matrix (:mod:`pagedprefix.conformance.matrix`) and then
+``pagedprefix matrix`` writes the engines' matrix (:mod:`pagedprefix.conformance.reporting.matrix`) and then
 this section, handed in by the app that composes both (``pagedprefix.cli``; conformance does not
 import cluster). For each indexer of :data:`MATRIX_INDEXERS` it runs the built-in scenarios
 (:func:`~pagedprefix.cluster.scenarios.builtin_scenarios`) in process, against the reference, and

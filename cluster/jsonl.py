@@ -2,7 +2,7 @@
 
 The harness starts the indexer's command once and talks to it over stdin/stdout, one JSON request
 per line and one JSON response per line, in order, exactly as the engine protocol of
-:mod:`pagedprefix.conformance.subprocess_adapter` (same framing, same time limits, same handling
+:mod:`pagedprefix.conformance.running.subprocess_adapter` (same framing, same time limits, same handling
 of a server that hangs or dies: its whole process group is killed on every exit path), with its
 own protocol name. ``python -m pagedprefix.cluster.jsonl_server`` is the reference server (it
 serves any Python indexer), and ``--indexer jsonl:COMMAND`` selects a server on the command line.
@@ -34,8 +34,8 @@ Time limits: every reply within ``call_timeout`` (10 s by default; ``hello`` and
 
 Replies the client cannot use are typed errors, never anything else: a line that is not a JSON
 reply to the request (not JSON, bad UTF-8, nested too deeply to read, another id) or a dead or
-silent server is :class:`~pagedprefix.conformance.subprocess_adapter.EngineProcessError` or
-:class:`~pagedprefix.conformance.watchdog.EngineHung` (the server's process group is killed); a
+silent server is :class:`~pagedprefix.conformance.running.subprocess_adapter.EngineProcessError` or
+:class:`~pagedprefix.conformance.protocol.watchdog.EngineHung` (the server's process group is killed); a
 well-formed reply whose result has the wrong shape is :class:`IndexerReplyError` (the server
 lives on); an ``error`` reply is the error it names (``RemoteEngineError`` for the indexer's own).
 """
@@ -47,8 +47,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pagedprefix.conformance.subprocess_adapter import EngineProcessError, JsonLinesProcess, RemoteEngineError
-from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
+from pagedprefix.conformance.protocol.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
+from pagedprefix.conformance.running.subprocess_adapter import (
+    EngineProcessError,
+    JsonLinesProcess,
+    RemoteEngineError,
+)
 from pagedprefix.spec.events import EventBatch, GroupKey, batch_to_json
 
 from .indexer import IndexerConfig, KVIndexer

@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from pagedprefix.conformance.jsonl_server import JsonLinesServer, serve_worker
+from pagedprefix.conformance.running.jsonl_server import JsonLinesServer, serve_worker
 from pagedprefix.spec.events import batch_from_json
 
 from .conform import IndexerFactory

@@ -6,7 +6,7 @@ Dynamo's radix tree, :mod:`pagedprefix.cluster.dynamo`), ``module:factory``
 indexer server speaking :mod:`pagedprefix.cluster.jsonl`, started with ``COMMAND`` split as a shell
 would). A Python indexer other than the reference runs in a worker process
 (``python -m pagedprefix.cluster.jsonl_server``) unless ``in_process`` is asked for; then every call
-is limited by ``SIGALRM`` (:func:`pagedprefix.conformance.watchdog.call_limit`).
+is limited by ``SIGALRM`` (:func:`pagedprefix.conformance.protocol.watchdog.call_limit`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import cast
 
 from pagedprefix.conformance.protocol import EngineUnavailable, import_factory
-from pagedprefix.conformance.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, call_limit
+from pagedprefix.conformance.protocol.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, call_limit
 from pagedprefix.spec.events import EventBatch, GroupKey
 
 from .conform import IndexerFactory

@@ -10,7 +10,7 @@ Executors (no scheduler of our own):
 
 - ``local`` (default): ``--workers`` worker processes (default: the CPU count) started with
   ``multiprocessing``'s ``spawn``, each in its own process group and killed when the harness dies
-  (:func:`pagedprefix.conformance.lifetime.worker_setup`), all killed on every exit path. The
+  (:func:`pagedprefix.conformance.running.lifetime.worker_setup`), all killed on every exit path. The
   harness waits on each worker's pipe *and* its process sentinel, so a worker that dies
   (``os._exit``, a signal, a crash in C) is seen at once and fails the cell it was running.
 - ``ray``: one Ray task per cell, on the cluster ``RAY_ADDRESS`` names, or on a local Ray cluster
@@ -51,7 +51,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import typer
-from pagedprefix.conformance.lifetime import watching_descendants, worker_setup
+from pagedprefix.conformance.running.lifetime import watching_descendants, worker_setup
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, prepare_job, replay_command
 from pagedprefix.replay.cli_common import fail, parse_capacities
 from pagedprefix.replay.engines import EngineUnavailable, load_factory
@@ -383,7 +383,7 @@ def ray_cluster(workers: int) -> Iterator[Any]:
     """Connect to ``RAY_ADDRESS``, or start a local Ray cluster of ``workers`` CPUs; shut down on
     every exit path (this process's SIGTERM, SIGHUP and SIGINT handlers are kept: Ray's own would
     replace them), and a local cluster's processes killed even when this process is SIGKILLed
-    (:func:`~pagedprefix.conformance.lifetime.watching_descendants`). Yields the ``ray`` module.
+    (:func:`~pagedprefix.conformance.running.lifetime.watching_descendants`). Yields the ``ray`` module.
     Raises ``ImportError`` without Ray."""
     import ray
 

@@ -16,7 +16,7 @@ See ``conformance/README.md``.
 
 from __future__ import annotations
 
-from .properties import PROFILES, PROPERTIES, Property, Violation
+from .judging.properties import PROFILES, PROPERTIES, Property, Violation
 from .protocol import (
     ADAPTER_PROTOCOL_VERSION,
     ALL_EXTRA_KINDS,
@@ -52,15 +52,15 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """Heavier entry points load on first use (Hypothesis, rich), so importing the protocol stays cheap."""
     if name == "run_conformance":
-        from .stateful import run_conformance
+        from .running.stateful import run_conformance
 
         return run_conformance
     if name == "run_suite":
-        from .suite import run_suite
+        from .running.suite import run_suite
 
         return run_suite
     if name == "run_vectors":
-        from .vectors import run_vectors
+        from .running.vectors import run_vectors
 
         return run_vectors
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

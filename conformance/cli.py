@@ -7,7 +7,7 @@ report as ``exit_code``):
 - 1: a check failed — engine misbehaviour included (an adapter call that raises something other
   than a spec error, returns the wrong type, or does not return within ``--call-timeout``; an
   engine that ends the run: its worker exits or is killed, or it raises ``SystemExit`` or calls
-  ``os._exit`` in process, :mod:`pagedprefix.conformance.supervise`), or nothing was judged;
+  ``os._exit`` in process, :mod:`pagedprefix.conformance.running.supervise`), or nothing was judged;
 - 2: a user error (an engine that cannot be loaded or is not a factory, a bad option, a file
   that cannot be read or written): one line on stderr, nothing run;
 - 3: no check failed, but the ``--time-budget`` safety stop ended the stateful run before every
@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from .outputs import UserError, check_output_path
-from .properties import PROFILES
+from .judging.properties import PROFILES
 from .protocol import AdapterFactory, EngineUnavailable
-from .suite import (
+from .protocol.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
+from .reporting.outputs import UserError, check_output_path
+from .running.suite import (
     DEFAULT_EXAMPLES,
     DEFAULT_TIME_BUDGET,
     EXTRA_CHECK_GROUPS,
@@ -43,11 +44,10 @@ from .suite import (
     render_report,
     run_suite,
 )
-from .supervise import supervised, supervised_command
-from .watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
+from .running.supervise import supervised, supervised_command
 
 if TYPE_CHECKING:
-    from .matrix import MatrixEngine
+    from .reporting.matrix import MatrixEngine
 
 ENGINE_HELP = (
     "impl (default), spec, radix, module:factory (a function config -> adapter; run in a worker "
@@ -158,7 +158,7 @@ def conform(
 
 def _conform_run(args: ConformArgs, options: SuiteOptions, no_trace: bool) -> int:
     """Load the engine, run the suite, print and save the report; the exit status. (Run in the
-    supervised child: :mod:`pagedprefix.conformance.supervise`.)"""
+    supervised child: :mod:`pagedprefix.conformance.running.supervise`.)"""
     try:
         factory = _load(args)
     except UserError as exc:
@@ -275,7 +275,7 @@ def _load(args: ConformArgs) -> AdapterFactory:
 def _check_vector_dir(directory: Path, option: str) -> int:
     """Every vector file under ``directory`` must load (a malformed one is a user error); the
     number of cases they hold."""
-    from .vectors import VectorFormatError, load_dir
+    from .running.vectors import VectorFormatError, load_dir
 
     try:
         return sum(len(f.cases) for f in load_dir(directory))
@@ -356,7 +356,7 @@ def matrix(
 ) -> None:
     """Run every shipped engine (vLLM and SGLang when installed) at its strongest honest profile
     and at core, and write the conformance matrix (docs/MATRIX.md; --check compares instead)."""
-    from .matrix import MATRIX_ENGINES, MatrixEngine
+    from .reporting.matrix import MATRIX_ENGINES, MatrixEngine
 
     try:
         if check and not out.is_file():
@@ -379,7 +379,14 @@ def _matrix_run(
     engines: list[MatrixEngine], out: Path, json_path: Path | None, check: bool, seed: int, jobs: int = 0
 ) -> None:
     """Run the matrix's cells, then write or check it (in the supervised child)."""
-    from .matrix import channel_gaps, declared_channels, default_jobs, render_markdown, run_matrix, to_json
+    from .reporting.matrix import (
+        channel_gaps,
+        declared_channels,
+        default_jobs,
+        render_markdown,
+        run_matrix,
+        to_json,
+    )
 
     try:
         channels = {e.name: declared_channels(e.name) for e in engines}

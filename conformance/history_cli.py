@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .history import (
+from .reporting.history import (
     CI_RELEASES,
     HISTORY_EXAMPLES,
     HISTORY_PATH,
@@ -21,8 +21,8 @@ from .history import (
     run_history,
     to_json,
 )
-from .history_fetch import FINAL, FetchError, default_cache_dir, released_versions, version_key
-from .outputs import UserError, check_output_path
+from .reporting.history_fetch import FINAL, FetchError, default_cache_dir, released_versions, version_key
+from .reporting.outputs import UserError, check_output_path
 
 
 def _fail(message: str) -> typer.Exit:

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from .properties import PROFILES, PROPERTIES
+from .judging.properties import PROFILES, PROPERTIES
 from .protocol import AdapterFactory, Capabilities
-from .stateful import StatefulReport, run_conformance
-from .suite import DEFAULT_EXAMPLES, load_engine, probe_capabilities
-from .vectors import VECTOR_DIR, VectorFormatError, load_dir, run_case
-from .watchdog import DEFAULT_CALL_TIMEOUT, limit_in_process_calls
+from .protocol.watchdog import DEFAULT_CALL_TIMEOUT, limit_in_process_calls
+from .running.stateful import StatefulReport, run_conformance
+from .running.suite import DEFAULT_EXAMPLES, load_engine, probe_capabilities
+from .running.vectors import VECTOR_DIR, VectorFormatError, load_dir, run_case
 
 
 class PagedprefixConformanceWarning(pytest.PytestWarning):

@@ -21,7 +21,7 @@ tenants for the whole path, just as chaining carries it in hashed keys. Content 
 exactly, so there are no hash collisions; ``hash_algo``, ``hash_seed`` and ``verify_tokens`` of the
 config have nothing to do here (a cache instance is one ``namespace``). The policy fields
 ``free_order`` and ``dedup_on_full`` are validated but not followed: this engine always uses its
-own policy (its conformance adapter, ``pagedprefix.conformance.adapters:radix``, declares it).
+own policy (its conformance adapter, ``pagedprefix.conformance.protocol.adapters:radix``, declares it).
 
 Each page owns its physical block (the *primary* copy). A child is found by the key of its first
 page; a node is split at a page boundary when a request matches only part of its edge.

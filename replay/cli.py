@@ -7,7 +7,7 @@ Examples::
         --max-running 1 --plot curve.png --csv curve.csv --json curve.json
     pagedprefix replay --trace my_trace.jsonl.gz --strict --limit 500 --engine spec
     pagedprefix replay --limit 300 --num-blocks 4096 --max-output 128 --check-spec --repro div.json
-    pagedprefix replay --engine pagedprefix.conformance.adapters:impl --check-spec --limit 300
+    pagedprefix replay --engine pagedprefix.conformance.protocol.adapters:impl --check-spec --limit 300
     pagedprefix replay --limit 2000 --num-blocks unbounded --replicas 4 --router prefix_aware \\
         --drop-events 0.1 --restart-replica 1@1000 --transport zmq
     pagedprefix replay --groups 'full(16)+sliding(128,16)' --retention replay,dense \
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pagedprefix.conformance.supervise import supervised_command
+from pagedprefix.conformance.running.supervise import supervised_command
 from pagedprefix.spec import InvalidConfig, PrefixCacheError, hash_granularity, parse_groups
 from pagedprefix.spec.groups import check_groups
 from rich.console import Console

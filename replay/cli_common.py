@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from pagedprefix.conformance.outputs import output_problem
+from pagedprefix.conformance.reporting.outputs import output_problem
 from pagedprefix.spec import InvalidConfig, check_memory
 from pagedprefix.spec.errors import safe_repr
 from rich.console import Console

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pagedprefix.conformance.supervise import supervised_command
+from pagedprefix.conformance.running.supervise import supervised_command
 from pagedprefix.spec import CacheConfig, PrefixCacheError
 from rich import box
 from rich.console import Console
@@ -485,7 +485,7 @@ def _compare_run(
     outputs: tuple[Path | None, Path | None, Path | None],
 ) -> None:
     """The runs of ``compare-engines`` (every option checked), the table and the files. (Run in
-    the supervised child: :mod:`pagedprefix.conformance.supervise`.)"""
+    the supervised child: :mod:`pagedprefix.conformance.running.supervise`.)"""
     csv_path, json_path, plot = outputs
     t0 = time.perf_counter()
 

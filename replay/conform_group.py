@@ -11,9 +11,9 @@ by capability: an engine is never sent a geometry it does not support.
 
 from __future__ import annotations
 
-from pagedprefix.conformance.properties import at_least
+from pagedprefix.conformance.judging.properties import at_least
 from pagedprefix.conformance.protocol import AdapterFactory, Capabilities
-from pagedprefix.conformance.suite import CheckResult, SuiteOptions, probe_capabilities
+from pagedprefix.conformance.running.suite import CheckResult, SuiteOptions, probe_capabilities
 from pagedprefix.spec import CacheConfig
 
 from .lockstep import SLICE_DEFAULTS, check_trace_slice

@@ -9,7 +9,7 @@ adapter (``pagedprefix.conformance.protocol.AdapterFactory``) qualify.
 Engine names: ``impl`` (the default), ``spec``, ``radix``, ``vllm``, ``sglang``, ``sglang-unified`` (vLLM
 0.33.0's and SGLang 0.5.23's own caches, ``conformance/engines/README.md``), or ``module:attr`` where
 ``attr`` may be dotted
-(``pagedprefix.conformance.adapters:impl``, ``pagedprefix.spec:SpecCache.create``).
+(``pagedprefix.conformance.protocol.adapters:impl``, ``pagedprefix.spec:SpecCache.create``).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedprefix.conformance.codec import config_from_json, config_to_json
+from pagedprefix.conformance.protocol.codec import config_from_json, config_to_json
 from pagedprefix.spec import (
     Allocation,
     AppendResult,

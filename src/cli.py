@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from pagedprefix.conformance.suite import CheckGroup
+    from pagedprefix.conformance.running.suite import CheckGroup
 
 
 def one_line(text: str) -> str:
@@ -120,12 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     ``sys.argv[1:]``); exits with the command's status.
 
     Called as the process's entry point (``argv`` ``None``), it first makes this process the
-    harness of the run (:func:`pagedprefix.conformance.lifetime.harness_setup`: a child subreaper,
+    harness of the run (:func:`pagedprefix.conformance.running.lifetime.harness_setup`: a child subreaper,
     SIGTERM and SIGHUP an orderly exit with status 128 + signum that runs every clean-up, every
     process below it killed at exit); a caller that passes ``argv`` (a test, in its own process)
     keeps its own signal handling."""
     if argv is None:
-        from pagedprefix.conformance.lifetime import Terminated, harness_setup, received
+        from pagedprefix.conformance.running.lifetime import Terminated, harness_setup, received
 
         harness_setup()
         try:

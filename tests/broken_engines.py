@@ -35,8 +35,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
+from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import (
     NO_EXTRAS,
     Allocation,

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
+from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
+from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import CacheConfig, HybridSpecCache, SpecCache, is_hybrid
 from pagedprefix.spec.events import BlockRemoved, BlockStored
 from pagedprefix.spec.hybrid import HybridRequest, entry_group

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pagedprefix.conformance.codec import Json
-from pagedprefix.conformance.jsonl_server import Server
-from pagedprefix.conformance.suite import load_engine
+from pagedprefix.conformance.protocol.codec import Json
+from pagedprefix.conformance.running.jsonl_server import Server
+from pagedprefix.conformance.running.suite import load_engine
 
 
 class V2Server(Server):

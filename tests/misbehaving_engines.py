@@ -11,8 +11,8 @@ import os
 import time
 from typing import Any
 
-from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.conformance.protocol import PrefixCacheAdapter
+from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import Allocation, CacheConfig, SpecCache
 
 CALLS_BEFORE = 40  # calls that behave before the misbehaviour starts (per process)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import typer
-from pagedprefix.conformance import matrix as matrix_module
-from pagedprefix.conformance.channels import (
+from pagedprefix.conformance.cli import _matrix_run
+from pagedprefix.conformance.protocol.channels import (
     REQUEST,
     Channel,
     channels_of,
@@ -20,8 +20,8 @@ from pagedprefix.conformance.channels import (
     recording,
     unreached,
 )
-from pagedprefix.conformance.cli import _matrix_run
-from pagedprefix.conformance.matrix import (
+from pagedprefix.conformance.reporting import matrix as matrix_module
+from pagedprefix.conformance.reporting.matrix import (
     Cell,
     MatrixEngine,
     _cell,
@@ -29,13 +29,13 @@ from pagedprefix.conformance.matrix import (
     declared_channels,
     render_markdown,
 )
-from pagedprefix.conformance.suite import SuiteOptions, load_engine, run_suite
+from pagedprefix.conformance.running.suite import SuiteOptions, load_engine, run_suite
 
 ENGINE = textwrap.dedent(
     """
     from dataclasses import replace
-    from pagedprefix.conformance.adapters import spec
-    from pagedprefix.conformance.channels import Channel, declare_channels
+    from pagedprefix.conformance.protocol.adapters import spec
+    from pagedprefix.conformance.protocol.channels import Channel, declare_channels
 
     TOKENS = Channel("tokens", "allocate(tokens)", True, None, "every request's tokens")
     LORA = Channel("lora", "Extras.lora", True, "lora", "the spec's LoRA")

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from pagedprefix.cluster import IndexerConfig
 from pagedprefix.cluster.jsonl import IndexerProcess, IndexerReplyError, JsonLinesIndexer
 from pagedprefix.conformance.protocol import EngineUnavailable, UnsupportedConfig
-from pagedprefix.conformance.subprocess_adapter import EngineProcessError, RemoteEngineError
-from pagedprefix.conformance.watchdog import EngineHung
+from pagedprefix.conformance.protocol.watchdog import EngineHung
+from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError, RemoteEngineError
 from pagedprefix.spec import PrefixCacheError
 from pagedprefix.spec.events import BlockRemoved, EventBatch
 from typer.testing import CliRunner

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from pagedprefix.conformance import run_conformance
-from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.conformance.protocol import Capabilities, PrefixCacheAdapter
-from pagedprefix.conformance.vectors import run_vectors
+from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
+from pagedprefix.conformance.running.vectors import run_vectors
 from pagedprefix.spec import CacheConfig
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import typer
-from pagedprefix.conformance import vectors as V
-from pagedprefix.conformance.adapters import impl_available
 from pagedprefix.conformance.cli import register
+from pagedprefix.conformance.protocol.adapters import impl_available
+from pagedprefix.conformance.running import vectors as V
 from pagedprefix.spec import CacheConfig
 from typer.testing import CliRunner
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pagedprefix.cli import main
-from pagedprefix.conformance.vectors import VECTOR_DIR
+from pagedprefix.conformance.running.vectors import VECTOR_DIR
 
 EXAMPLES = int(os.environ.get("PAGEDPREFIX_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -66,7 +66,7 @@ ENGINES = st.sampled_from(
         ":f",
         "os:getcwd",
         "pagedprefix.spec:SpecCache",
-        "pagedprefix.conformance.adapters:spec",
+        "pagedprefix.conformance.protocol.adapters:spec",
         "json:loads",
     ]
 )

@@ -1,6 +1,6 @@
 """The suite's checks of KV-cache events (SEMANTICS.md section 9, capability ``events``).
 
-What each test proves: the reference subscriber (``conformance/event_check.py``) rejects each kind
+What each test proves: the reference subscriber (``conformance/judging/event_check.py``) rejects each kind
 of broken stream with the property and message it documents; the default suite (``SuiteOptions()``,
 what ``pagedprefix conform`` runs) fails the broken engines of ``tests/broken_engines.py`` named by
 the issue (an event missing on eviction, no clear on reset, a wrong parent) on the right property,
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from pagedprefix.conformance import run_conformance
-from pagedprefix.conformance.adapters import impl
-from pagedprefix.conformance.event_check import EventChecker, Keyed, cached_keys_json, events_json
-from pagedprefix.conformance.properties import Violation
+from pagedprefix.conformance.judging.event_check import EventChecker, Keyed, cached_keys_json, events_json
+from pagedprefix.conformance.judging.properties import Violation
 from pagedprefix.conformance.protocol import Capabilities
-from pagedprefix.conformance.subprocess_adapter import EngineProcessError, subprocess_factory
-from pagedprefix.conformance.suite import SuiteOptions, load_engine, run_suite
+from pagedprefix.conformance.protocol.adapters import impl
+from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError, subprocess_factory
+from pagedprefix.conformance.running.suite import SuiteOptions, load_engine, run_suite
 from pagedprefix.spec import CacheConfig
 from pagedprefix.spec.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from pagedprefix.spec.extras import ExtraField
@@ -295,7 +295,7 @@ def test_a_broken_hybrid_stream_is_caught_through_the_worker() -> None:
 
 
 def test_an_events_observation_without_its_stream_is_an_engine_error() -> None:
-    from pagedprefix.conformance.driver import observe
+    from pagedprefix.conformance.judging.driver import observe
 
     class NoStream:
         def observe_batch(self, *args: object, **kw: object) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from pathlib import Path
 import broken_hybrid_engines as B
 import pytest
 from pagedprefix.conformance import run_conformance
-from pagedprefix.conformance.adapters import impl, spec
-from pagedprefix.conformance.suite import SuiteOptions, orphans_figure, run_suite
-from pagedprefix.conformance.vectors import run_vectors
+from pagedprefix.conformance.protocol.adapters import impl, spec
+from pagedprefix.conformance.running.suite import SuiteOptions, orphans_figure, run_suite
+from pagedprefix.conformance.running.vectors import run_vectors
 
 TESTS = Path(__file__).parent
 
@@ -156,7 +156,7 @@ def test_dense_retention_promises_a_fork_child_only_what_it_keyed(publish_parent
     never keyed it (a decode keys boundaries past its old length), so nothing promises 2; the judge
     promised it from the child's sequence. With the parent published first the state stays keyed
     and the lookup must hit 2."""
-    from pagedprefix.conformance.minimize import replay
+    from pagedprefix.conformance.generation.minimize import replay
     from pagedprefix.spec import CacheConfig, KVCacheGroup
 
     config = CacheConfig(block_size=2, num_blocks=57, free_order="append_all", dedup_on_full=False,

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagedprefix.conformance.codec import extras_from_json, extras_to_json, make_error
-from pagedprefix.conformance.judge import Judge, Renaming, first_error
-from pagedprefix.conformance.model import EngineRun, SpecModel, effective_level
-from pagedprefix.conformance.properties import Violation
+from pagedprefix.conformance.judging.judge import Judge, Renaming, first_error
+from pagedprefix.conformance.judging.model import EngineRun, SpecModel, effective_level
+from pagedprefix.conformance.judging.properties import Violation
 from pagedprefix.conformance.protocol import Capabilities
+from pagedprefix.conformance.protocol.codec import extras_from_json, extras_to_json, make_error
 from pagedprefix.spec import CacheConfig, Extras, LoRA, MultiModalItem, OutOfBlocks, PromptEmbeds
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -45,7 +45,7 @@ def test_renaming_is_one_bijection_for_the_whole_run() -> None:
     ],
 )
 def test_first_error_follows_the_spec_precedence(step: dict[str, Any], want: str | None) -> None:
-    from pagedprefix.conformance.judge import Req
+    from pagedprefix.conformance.judging.judge import Req
 
     live = {"a": Req([1], Extras(), [0])}
     assert first_error(step, live) == want
@@ -95,7 +95,7 @@ def test_core_checker_catches_a_hit_on_other_content() -> None:
     judge = Judge(config, "core")
     obs0 = {"num_free_blocks": 8, "tables": []}
     judge.start(obs0, None)
-    from pagedprefix.conformance.driver import Outcome
+    from pagedprefix.conformance.judging.driver import Outcome
 
     step = {"op": "allocate", "request_id": "a", "tokens": [1, 2, 3]}
     judge.check(
@@ -116,7 +116,7 @@ def test_core_checker_catches_a_hit_on_other_content() -> None:
 
 
 def test_accounting_and_progress_checks() -> None:
-    from pagedprefix.conformance.driver import Outcome
+    from pagedprefix.conformance.judging.driver import Outcome
 
     judge = Judge(CacheConfig(2, 4), "core")
     with pytest.raises(Violation) as info:
@@ -138,7 +138,7 @@ def test_accounting_and_progress_checks() -> None:
 def test_lru_compares_up_to_renaming_and_exact_requires_identity() -> None:
     config = CacheConfig(2, 4)
     model = SpecModel(config)
-    from pagedprefix.conformance.driver import Outcome
+    from pagedprefix.conformance.judging.driver import Outcome
 
     for level, table, prop in (
         ("lru", [3, 2], None),

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pagedprefix.conformance.suite import SuiteOptions, load_engine, run_suite
+from pagedprefix.conformance.running.suite import SuiteOptions, load_engine, run_suite
 
 TESTS = Path(__file__).parent
 
@@ -168,7 +168,7 @@ def test_a_non_json_hello_is_refused_and_the_engine_killed(tmp_path: Path) -> No
 
 def test_the_engines_whole_process_group_is_killed(tmp_path: Path) -> None:
     marker = f"{uuid.uuid4().int % 10**6}.75"
-    server = f"{sys.executable} -m pagedprefix.conformance.jsonl_server --engine spec"
+    server = f"{sys.executable} -m pagedprefix.conformance.running.jsonl_server --engine spec"
     proc = jsonl(tmp_path, f"sh -c 'sleep {marker} & exec {server}'", "--max-examples", "10")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert no_process_left(marker)

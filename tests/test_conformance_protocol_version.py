@@ -14,17 +14,17 @@ from typing import Any
 
 import pytest
 import typer
-from pagedprefix.conformance.adapters import RADIX_CAPABILITIES, spec_capabilities
 from pagedprefix.conformance.cli import register
-from pagedprefix.conformance.model import adapter_capabilities
-from pagedprefix.conformance.properties import Violation
+from pagedprefix.conformance.judging.model import adapter_capabilities
+from pagedprefix.conformance.judging.properties import Violation
 from pagedprefix.conformance.protocol import (
     ADAPTER_PROTOCOL_VERSION,
     CAPABILITY_VERSIONS,
     Capabilities,
     protocol_warning,
 )
-from pagedprefix.conformance.suite import SuiteOptions, render_plain, run_suite
+from pagedprefix.conformance.protocol.adapters import RADIX_CAPABILITIES, spec_capabilities
+from pagedprefix.conformance.running.suite import SuiteOptions, render_plain, run_suite
 from pagedprefix.spec import CacheConfig
 from typer.testing import CliRunner
 
@@ -170,7 +170,7 @@ def test_stale_sglang_like_adapter_fails_with_the_warning_and_passes_once_update
 
 
 ENGINE_MODULE = '''
-from pagedprefix.conformance.adapters import spec
+from pagedprefix.conformance.protocol.adapters import spec
 from dataclasses import replace
 
 def stale(config):

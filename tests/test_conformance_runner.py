@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from pagedprefix.conformance import run_conformance
-from pagedprefix.conformance.adapters import impl, impl_available, spec
-from pagedprefix.conformance.properties import PROPERTY_NAMES
-from pagedprefix.conformance.suite import SuiteOptions, run_suite
-from pagedprefix.conformance.vectors import run_vectors
+from pagedprefix.conformance.judging.properties import PROPERTY_NAMES
+from pagedprefix.conformance.protocol.adapters import impl, impl_available, spec
+from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
+from pagedprefix.conformance.running.vectors import run_vectors
 
 sys.path.insert(0, str(Path(__file__).parent))
 import broken_engines
@@ -104,7 +104,7 @@ def test_engine_publishing_at_step_passes_maximal() -> None:
 
 
 def test_radix_tree_engine_passes_maximal() -> None:
-    from pagedprefix.conformance.adapters import radix
+    from pagedprefix.conformance.protocol.adapters import radix
 
     report = run_suite(radix, SuiteOptions(profile="exact", max_examples=60))
     assert report.ok, [(r.name, r.detail, r.counterexample) for r in report.rows if r.status == "fail"]

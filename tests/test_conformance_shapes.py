@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from pagedprefix.conformance import UnsupportedConfig
-from pagedprefix.conformance.suite import SuiteOptions, SuiteReport, run_suite
+from pagedprefix.conformance.running.suite import SuiteOptions, SuiteReport, run_suite
 from test_conformance_runner import readme_engine
 
 Tiny: Any = readme_engine()

@@ -12,14 +12,15 @@ from typing import Any
 
 import pytest
 from pagedprefix.conformance import run_conformance
-from pagedprefix.conformance.adapters import impl_available
-from pagedprefix.conformance.subprocess_adapter import EngineProcessError, subprocess_factory
-from pagedprefix.conformance.suite import load_engine
-from pagedprefix.conformance.vectors import run_vectors
+from pagedprefix.conformance.protocol.adapters import impl_available
+from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError, subprocess_factory
+from pagedprefix.conformance.running.suite import load_engine
+from pagedprefix.conformance.running.vectors import run_vectors
 from pagedprefix.spec import CacheConfig, DuplicateRequest, Extras, OutOfBlocks, SpecCache
 
 TESTS = str(Path(__file__).parent)
-SERVER = [sys.executable, "-m", "pagedprefix.conformance.jsonl_server"]
+JSONL_SERVER = "pagedprefix.conformance.running.jsonl_server"
+SERVER = [sys.executable, "-m", JSONL_SERVER]
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_broken_engine_is_caught_through_the_subprocess() -> None:
 
 @pytest.mark.skipif(not impl_available(), reason="pagedprefix.impl.BlockManager is not built yet")
 def test_impl_through_jsonl_engine_name() -> None:
-    factory = load_engine(f"jsonl:{sys.executable} -m pagedprefix.conformance.jsonl_server --engine impl")
+    factory = load_engine(f"jsonl:{sys.executable} -m {JSONL_SERVER} --engine impl")
     try:
         report = run_conformance(factory, profile="exact", max_examples=25)
     finally:
@@ -130,7 +131,7 @@ def test_protocol_3_carries_hybrid_groups_and_events_together() -> None:
     """One protocol version (3) for both features: the reference server's spec declares ``events``
     and ``groups``, its hybrid observations carry the per-group stream, and the suite drives both
     through it."""
-    factory = load_engine(f"jsonl:{sys.executable} -m pagedprefix.conformance.jsonl_server --engine spec")
+    factory = load_engine(f"jsonl:{sys.executable} -m {JSONL_SERVER} --engine spec")
     try:
         report = run_conformance(factory, profile="exact", max_examples=60, echo=None)
     finally:

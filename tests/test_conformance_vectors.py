@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagedprefix.conformance import vectors as V
-from pagedprefix.conformance.adapters import impl, impl_available, spec, spec_capabilities
-from pagedprefix.conformance.codec import ERROR_KINDS, config_from_json
-from pagedprefix.conformance.properties import PROFILES
+from pagedprefix.conformance.judging.properties import PROFILES
 from pagedprefix.conformance.protocol import Capabilities, PrefixCacheAdapter
+from pagedprefix.conformance.protocol.adapters import impl, impl_available, spec, spec_capabilities
+from pagedprefix.conformance.protocol.codec import ERROR_KINDS, config_from_json
+from pagedprefix.conformance.running import vectors as V
 from pagedprefix.spec import CacheConfig
 
 needs_impl = pytest.mark.skipif(not impl_available(), reason="pagedprefix.impl.BlockManager is not built yet")

@@ -22,10 +22,10 @@ from corpus.mutants import MUTANTS, ConcatenatedNamespace, Mutant, weak8_collisi
 from corpus.pool import PoolEngine
 from corpus.tree import TreeEngine
 from corpus.variants import VARIANTS, PublishOnFreeTree, StepPublishingTree
-from pagedprefix.conformance.codec import error_kind
-from pagedprefix.conformance.minimize import replay
+from pagedprefix.conformance.generation.minimize import replay
 from pagedprefix.conformance.protocol import AdapterFactory
-from pagedprefix.conformance.suite import SuiteOptions, run_suite
+from pagedprefix.conformance.protocol.codec import error_kind
+from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,

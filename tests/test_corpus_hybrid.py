@@ -23,15 +23,15 @@ from typing import Any
 import pytest
 from corpus.hybrid_mutants import HYBRID_MUTANT_BY_NAME, HYBRID_MUTANTS, HybridMutant, clean_spec_without_keys
 from corpus.measure import failing
-from pagedprefix.conformance.adapters import impl, spec_capabilities
-from pagedprefix.conformance.minimize import replay
-from pagedprefix.conformance.stateful import (
+from pagedprefix.conformance.generation.minimize import replay
+from pagedprefix.conformance.protocol.adapters import impl, spec_capabilities
+from pagedprefix.conformance.running.stateful import (
     HYBRID_POOL_SIZES,
     HYBRID_SHAPES,
     _targeted_shape,
     draw_hybrid_config,
 )
-from pagedprefix.conformance.suite import SuiteOptions, run_suite
+from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
 from pagedprefix.spec import CacheConfig, KVCacheGroup, chunked, full, sliding
 from pagedprefix.spec.groups import hit_alignment
 

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from corpus.mutants import ConcatenatedNamespace, SkipsCopyOnWrite
 from corpus.variants import StepPublishingTree
-from pagedprefix.conformance.driver import Step
-from pagedprefix.conformance.judge import Judge, Req
-from pagedprefix.conformance.minimize import Replay, first_departure, render_failure, replay
-from pagedprefix.conformance.model import step_changes
+from pagedprefix.conformance.generation.minimize import Replay, first_departure, render_failure, replay
+from pagedprefix.conformance.judging.driver import Step
+from pagedprefix.conformance.judging.judge import Judge, Req
+from pagedprefix.conformance.judging.model import step_changes
 from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras, LoRA
 
 

@@ -16,9 +16,9 @@ from array import array
 from typing import Any
 
 import pytest
-from pagedprefix.conformance.channels import channels_of, unreached
 from pagedprefix.conformance.engines.sglang import unavailable_reason
-from pagedprefix.conformance.suite import SuiteOptions, run_suite
+from pagedprefix.conformance.protocol.channels import channels_of, unreached
+from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
 from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
 
 REASON = unavailable_reason()
@@ -310,7 +310,7 @@ def test_extra_key_accounting_counterexample_shows_the_rewrite_at_step() -> None
     """The ``sglang-extra-key`` accounting counterexample (docs/MATRIX.md): the operation returns
     what the spec returns; SGLang's ``checkpoint_kv_cache`` then rewrites the row at ``step()``
     onto the LoRA request's page. The counterexample shows that rewrite and why it is refused."""
-    from pagedprefix.conformance.minimize import render_failure, replay
+    from pagedprefix.conformance.generation.minimize import render_failure, replay
 
     engine = _sglang()
     salt = engine.lora_id_string("a", 1)

@@ -12,12 +12,12 @@ import re
 import types
 
 import pytest
-from pagedprefix.conformance._hybrid_scenarios import no_full_junction, two_full_sizes
-from pagedprefix.conformance.channels import channels_of, unreached
 from pagedprefix.conformance.engines.vllm import unavailable_reason
+from pagedprefix.conformance.generation._hybrid_scenarios import no_full_junction, two_full_sizes
 from pagedprefix.conformance.protocol import UnsupportedConfig
-from pagedprefix.conformance.suite import SuiteOptions, run_suite
-from pagedprefix.conformance.vectors import run_case
+from pagedprefix.conformance.protocol.channels import channels_of, unreached
+from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
+from pagedprefix.conformance.running.vectors import run_case
 from pagedprefix.spec import (
     CacheConfig,
     Extras,
@@ -242,8 +242,8 @@ def test_hybrid_events_carry_the_group() -> None:
     group's run is well formed (16 tokens, 4 keys, no parent); the sliding group keys only its replay
     tail (blocks 2 and 3) but publishes the tokens of blocks 0-3 with no parent: the run the
     suite's subscriber refuses (event-index; conformance/engines/notes.py)."""
-    from pagedprefix.conformance.event_check import EventChecker, cached_keys_json, events_json
-    from pagedprefix.conformance.properties import Violation
+    from pagedprefix.conformance.judging.event_check import EventChecker, cached_keys_json, events_json
+    from pagedprefix.conformance.judging.properties import Violation
 
     engine = _vllm()
     config = _hybrid((full(4), sliding(8, 4)), 24)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pagedprefix.conformance import history, history_fetch, history_notes
-from pagedprefix.conformance.history import ReleaseResult
+from pagedprefix.conformance.reporting import history, history_fetch, history_notes
+from pagedprefix.conformance.reporting.history import ReleaseResult
 from typer.testing import CliRunner
 
 

@@ -7,11 +7,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from pagedprefix.conformance._hybrid_scenarios import T, fork_copy_source, no_full_junction, two_full_sizes
-from pagedprefix.conformance.adapters import SpecShapedAdapter, impl, spec, spec_capabilities
-from pagedprefix.conformance.codec import config_from_json
+from pagedprefix.conformance.generation._hybrid_scenarios import (
+    T,
+    fork_copy_source,
+    no_full_junction,
+    two_full_sizes,
+)
 from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
-from pagedprefix.conformance.vectors import run_case
+from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, impl, spec, spec_capabilities
+from pagedprefix.conformance.protocol.codec import config_from_json
+from pagedprefix.conformance.running.vectors import run_case
 from pagedprefix.impl.hybrid import HybridBlockManager
 from pagedprefix.spec import (
     CacheConfig,

@@ -1,7 +1,7 @@
 """The committed hybrid vectors carry HYBRID.md's worked examples with their numbers.
 
 The generator asserts each number on the spec when it records a case
-(``conformance/_hybrid_scenarios.py``); this test reads the committed file, independently of the
+(``conformance/generation/_hybrid_scenarios.py``); this test reads the committed file, independently of the
 generator, so a regenerated file that lost a number fails here too. It also checks the hybrid
 file's schema and what a single-group engine does with it.
 """
@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from pagedprefix.conformance import vectors as V
-from pagedprefix.conformance.adapters import spec
-from pagedprefix.conformance.vector_format import HYBRID_SCHEMA_VERSION
+from pagedprefix.conformance.generation.vector_format import HYBRID_SCHEMA_VERSION
+from pagedprefix.conformance.protocol.adapters import spec
+from pagedprefix.conformance.running import vectors as V
 
 HYBRID = V.VECTOR_DIR / "hybrid.json"
 

@@ -9,16 +9,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from pagedprefix.conformance.adapters import impl
-from pagedprefix.conformance.seeding import NAME, key_seeding_result
-from pagedprefix.conformance.suite import load_engine, probe_capabilities
+from pagedprefix.conformance.generation.seeding import NAME, key_seeding_result
+from pagedprefix.conformance.protocol.adapters import impl
+from pagedprefix.conformance.running.suite import load_engine, probe_capabilities
 from pagedprefix.spec import CacheConfig
 
 ENGINES = textwrap.dedent(
     """
     import random
     from dataclasses import replace
-    from pagedprefix.conformance.adapters import impl
+    from pagedprefix.conformance.protocol.adapters import impl
 
     def constant_seed(config):
         if config.hash_seed is None:
@@ -103,7 +103,7 @@ def test_skips_are_explained(engines_dir: Path) -> None:
 
 
 def test_the_default_conform_judges_it(engines_dir: Path) -> None:
-    from pagedprefix.conformance.suite import SuiteOptions, run_suite
+    from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
 
     factory = load_engine("seed_engines:constant_seed", paths=[engines_dir], isolate=False)
     report = run_suite(factory, SuiteOptions(max_examples=0), extra_groups=[])

@@ -1,5 +1,5 @@
 """``pagedprefix matrix --jobs``: the engines run in forked workers, the cells come back in the
-order of the engines (conformance/matrix.py ``run_matrix``)."""
+order of the engines (conformance/reporting/matrix.py ``run_matrix``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from pagedprefix.conformance import matrix
-from pagedprefix.conformance.matrix import Cell, MatrixEngine, run_matrix
+from pagedprefix.conformance.reporting import matrix
+from pagedprefix.conformance.reporting.matrix import Cell, MatrixEngine, run_matrix
 
 needs_fork = pytest.mark.skipif(
     "fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform"

@@ -1,12 +1,12 @@
-"""The conformance matrix's ``not driven`` rows (conformance/matrix.py, notes.NOT_DRIVEN): a
+"""The conformance matrix's ``not driven`` rows (conformance/reporting/matrix.py, notes.NOT_DRIVEN): a
 component no adapter drives honestly is published with its reason, and nothing of it runs."""
 
 from __future__ import annotations
 
 import pytest
-from pagedprefix.conformance import matrix
 from pagedprefix.conformance.engines.notes import ABOUT, NOT_DRIVEN
-from pagedprefix.conformance.matrix import MATRIX_ENGINES, MatrixEngine, render_markdown, run_cells
+from pagedprefix.conformance.reporting import matrix
+from pagedprefix.conformance.reporting.matrix import MATRIX_ENGINES, MatrixEngine, render_markdown, run_cells
 
 
 def _refuse_to_load(name: str) -> object:

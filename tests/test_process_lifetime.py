@@ -1,5 +1,5 @@
 """No process outlives a run, on every exit path, and a dead worker is seen at once
-(``pagedprefix.conformance.lifetime``).
+(``pagedprefix.conformance.running.lifetime``).
 
 The conform cases run the real ``pagedprefix conform`` in a subprocess whose environment carries
 a marker unique to the test; every process below it inherits the marker (its engine worker, the
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 from pagedprefix.cluster.sweep import CELL_HOOK_ENV, CellFailed, grid, run_sweep
-from pagedprefix.conformance.lifetime import descendants, kill_tree
+from pagedprefix.conformance.running.lifetime import descendants, kill_tree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes in /proc")
 
@@ -43,7 +43,7 @@ ENGINE = textwrap.dedent('''
     """A spec engine whose factory starts a daemon: it leaves its session (setsid), double-forks,
     keeps the worker's stdout open and sleeps; the grandchild writes its pid to daemon.pid."""
     import os, pathlib, subprocess, sys, time
-    from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
+    from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
     from pagedprefix.spec import SpecCache
 
     HERE = pathlib.Path(__file__).parent
@@ -272,7 +272,7 @@ def test_kill_tree_reaches_a_double_forked_setsid_grandchild() -> None:
     """kill_tree on a subreaper keeper finds the orphan that reparented to it."""
     script = textwrap.dedent("""
         import os, sys, time
-        from pagedprefix.conformance.lifetime import set_subreaper
+        from pagedprefix.conformance.running.lifetime import set_subreaper
         assert set_subreaper()
         if os.fork() == 0:
             os.setsid()

@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from pagedprefix import spec
-from pagedprefix.conformance.adapters import RADIX_CAPABILITIES
+from pagedprefix.conformance.protocol.adapters import RADIX_CAPABILITIES
 from pagedprefix.impl.radix import RadixCache, RadixSummary, TreeView
 from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from broken_engines import frees_forward
-from pagedprefix.conformance.adapters import impl, radix
-from pagedprefix.conformance.suite import SuiteOptions
+from pagedprefix.conformance.protocol.adapters import impl, radix
+from pagedprefix.conformance.running.suite import SuiteOptions
 from pagedprefix.replay.conform_group import NAME, trace_slice_rows
 
 

@@ -193,7 +193,7 @@ def test_run_ops_accepts_hand_written_sequences() -> None:
 
 def test_conformance_adapters_load_by_import_path() -> None:
     try:
-        factory = load_factory("pagedprefix.conformance.adapters:impl")
+        factory = load_factory("pagedprefix.conformance.protocol.adapters:impl")
     except EngineUnavailable as exc:  # pragma: no cover - the conformance package is optional here
         pytest.skip(str(exc))
     engine: ReplayEngine = factory(CacheConfig(block_size=16, num_blocks=64))

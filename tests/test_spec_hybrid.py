@@ -2,7 +2,7 @@
 today's cache, worked examples, and invariants under random operations.
 
 The worked examples whose cache states need evictions to build (E1, E2, E7, E8, E9) are vectors
-(``conformance/_hybrid_scenarios.py``, checked in ``tests/test_hybrid_vectors.py``); the ones
+(``conformance/generation/_hybrid_scenarios.py``, checked in ``tests/test_hybrid_vectors.py``); the ones
 reachable in a few admissions are here too, so that the spec is tested on its own.
 """
 

@@ -20,17 +20,17 @@ from typing import Any
 
 import pytest
 from pagedprefix.conformance import UnsupportedConfig
-from pagedprefix.conformance.adapters import impl
-from pagedprefix.conformance.outputs import output_problem
-from pagedprefix.conformance.suite import SuiteOptions, run_suite
-from pagedprefix.conformance.watchdog import EngineExited, candidate_exit, note_harness_signal
+from pagedprefix.conformance.protocol.adapters import impl
+from pagedprefix.conformance.protocol.watchdog import EngineExited, candidate_exit, note_harness_signal
+from pagedprefix.conformance.reporting.outputs import output_problem
+from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
 from pagedprefix.replay.conform_group import slice_geometry, trace_slice_rows
 from pagedprefix.spec import CacheConfig
 
 HOSTILE = textwrap.dedent(
     """
     import os, signal
-    from pagedprefix.conformance.adapters import impl
+    from pagedprefix.conformance.protocol.adapters import impl
 
     class Wrap:
         def __init__(self, inner, mode, where):
@@ -172,7 +172,7 @@ def test_candidate_exit_tells_the_candidate_from_the_harness() -> None:
 
 def test_the_harness_own_interrupt_is_not_the_candidate() -> None:
     code = (
-        "from pagedprefix.conformance.watchdog import candidate_exit, note_harness_signal\n"
+        "from pagedprefix.conformance.protocol.watchdog import candidate_exit, note_harness_signal\n"
         "note_harness_signal(2)\n"
         "print(candidate_exit('allocate', KeyboardInterrupt()))\n"
     )
@@ -249,7 +249,7 @@ def test_compare_engines_with_an_engine_that_exits_is_a_fail(hostile_dir: Path) 
 def test_matrix_fails_the_cell_of_an_engine_that_exits_and_goes_on(
     hostile_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pagedprefix.conformance.matrix import MatrixEngine, run_cells
+    from pagedprefix.conformance.reporting.matrix import MatrixEngine, run_cells
 
     monkeypatch.setenv("PYTHONPATH", str(hostile_dir))  # the engine's worker imports it from there
     cells = run_cells(MatrixEngine("hostile_eng:exit0", ""), [], 0)

@@ -160,8 +160,8 @@ from typing import Any
 
 from pagedprefix import spec
 
-from ..channels import Channel, declare_channels
 from ..protocol import UnsupportedConfig
+from ..protocol.channels import Channel, declare_channels
 from ._engine import EngineAdapter, engine_capabilities, engine_request_id
 from .sglang_load import STAND_INS, VERSION, loaded, unavailable_reason
 
@@ -434,7 +434,7 @@ def _channels(salt_as: str, tree: str) -> tuple[Channel, ...]:
 
 
 SGLANG_CHANNELS = _channels("cache_salt", "radix")
-"""The channels of ``--engine sglang`` (:mod:`pagedprefix.conformance.channels`)."""
+"""The channels of ``--engine sglang`` (:mod:`pagedprefix.conformance.protocol.channels`)."""
 SGLANG_UNIFIED_CHANNELS = _channels("cache_salt", "unified")
 """The channels of ``--engine sglang-unified``."""
 SGLANG_EXTRA_KEY_CHANNELS = _channels("extra_key", "radix")

@@ -158,10 +158,10 @@ from pagedprefix.spec.extras import TAG_LORA, ExtraField
 from pagedprefix.spec.groups import Groups, KVCacheGroup
 from pagedprefix.spec.hybrid import config_groups
 
-from ..adapters import NumberedEvents
-from ..channels import Channel, declare_channels
-from ..event_check import UNTAGGED
+from ..judging.event_check import UNTAGGED
 from ..protocol import UnsupportedConfig
+from ..protocol.adapters import NumberedEvents
+from ..protocol.channels import Channel, declare_channels
 from ._engine import EngineAdapter, engine_capabilities, engine_request_id
 from .vllm_load import IMPORTS_NEEDED, STAND_INS, TARGETS, VERSION, SamplingParams, loaded, unavailable_reason
 
@@ -609,7 +609,7 @@ def _event_channels(events: bool) -> tuple[Channel, ...]:
 
 
 VLLM_CHANNELS = (*_CHANNELS_COMMON, *_event_channels(False))
-"""The channels of ``--engine vllm`` (:mod:`pagedprefix.conformance.channels`)."""
+"""The channels of ``--engine vllm`` (:mod:`pagedprefix.conformance.protocol.channels`)."""
 VLLM_EVENTS_CHANNELS = (*_CHANNELS_COMMON, *_event_channels(True))  # hybrid configs too (kv_events=True)
 """The channels of ``--engine vllm-events``."""
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pagedprefix.conformance.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.conformance.protocol import AdapterFactory, Capabilities, PrefixCacheAdapter
+from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import (
     NO_EXTRAS,
     CacheConfig,

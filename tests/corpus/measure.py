@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pagedprefix.conformance.protocol import AdapterFactory
-from pagedprefix.conformance.suite import SuiteOptions, SuiteReport, run_suite
+from pagedprefix.conformance.running.suite import SuiteOptions, SuiteReport, run_suite
 
 from .mutants import MUTANTS
 from .pool import PoolEngine
@@ -53,7 +53,7 @@ def targets() -> list[Target]:
 def hybrid_targets() -> list[Target]:
     """The hybrid kill table's engines (issue 21 section 2): one mutant per hybrid bug class, then
     the clean hybrid engines."""
-    from pagedprefix.conformance.adapters import impl
+    from pagedprefix.conformance.protocol.adapters import impl
 
     from .hybrid_mutants import HYBRID_MUTANTS, clean_spec_without_keys
 

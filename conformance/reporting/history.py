@@ -1,0 +1,335 @@
+"""``pagedprefix history vllm``: the default conformance run on every vLLM V1 release, 0.6.5 on.
+
+For each release asked (default: every final release on the package index from 0.6.5 on) this
+fetches its wheel into a cache (:mod:`pagedprefix.conformance.reporting.history_fetch`: only the pure-Python
+``vllm/`` tree is kept, the wheel's sha256 recorded; offline once cached), then runs, in a worker
+process of its own (one release per process, so releases never mix; at most ``jobs`` at once, each
+with a time limit), the default suite of ``pagedprefix conform`` (seed 0; the stateful runner and
+the shipped vectors; the real-trace slice is left out) at the release's strongest honest profile
+(:func:`pagedprefix.conformance.reporting.matrix.strongest_profile` of the capabilities the release's own code
+gives, :mod:`pagedprefix.conformance.engines.vllm_release`).
+
+It writes ``docs/HISTORY.md`` -- one table row per release, ``| version | verdict | failing |
+explanation |``, then one section per release with its capabilities and, per failing property, the
+minimal sequence the suite found and the explanation (:mod:`pagedprefix.conformance.reporting.history_notes`:
+the file and line in that release's code, the public issue or pull request; ``*unexplained*``
+when there is none yet) -- and ``docs/HISTORY.json`` with the same content. The Markdown holds no
+timings and no paths, so ``--check`` compares the regenerated releases' rows and sections with
+the committed file, release by release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .history_fetch import FetchError, cached, fetch, version_key
+
+HISTORY_PATH = Path("docs/HISTORY.md")
+HISTORY_EXAMPLES = 60
+"""Stateful examples per release (the default conform runs 600; 60, the size of the engine tests'
+suite run, keeps 56 releases to about an hour on two cores and the CI subset to minutes). The
+shipped vectors all run."""
+RELEASE_TIMEOUT_S = 1800.0
+"""Longest one release's worker may run (the default suite takes a few minutes on a shared core)."""
+
+CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.8.5", "0.10.1", "0.17.0", "0.33.0")
+"""The fixed subset ``nox -s history`` checks: one per era of the API (the constructor before and
+after ``kv_cache_config``, the manager's own hashing, ``Request.block_hasher``, today's API)."""
+
+
+@dataclass
+class ReleaseResult:
+    """One release's verdict (``verdict``: ``PASS``, ``FAIL``, ``INCOMPLETE`` or ``not driven``)."""
+
+    version: str
+    verdict: str
+    profile: str = "-"
+    failing: list[dict[str, Any]] = field(default_factory=list)
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    wheel: str = ""
+    sha256: str = ""
+    seconds: float = 0.0
+
+
+# ----- the worker (one release, in its own process) ------------------------------------------------
+
+
+def run_release(root: Path, seed: int = 0, examples: int = HISTORY_EXAMPLES) -> dict[str, Any]:
+    """Load the release at ``root`` into this process and run the default suite on it."""
+    from ..engines.vllm_release import load, release_factory
+    from ..running.suite import SuiteOptions, run_suite
+    from .matrix import strongest_profile
+
+    factory = release_factory(root)
+    release, info = load(root)
+    caps = release_capabilities_json(info)
+    profile = strongest_profile(factory.capabilities)  # type: ignore[attr-defined]
+    report = run_suite(
+        factory, SuiteOptions(profile=profile, seed=seed, max_examples=examples), "vllm", extra_groups=[]
+    )
+    verdict = "PASS" if report.exit_code == 0 else ("INCOMPLETE" if report.exit_code == 3 else "FAIL")
+    failing = [r.to_json() for r in report.rows if r.status == "fail"]
+    return {
+        "version": release.version,
+        "verdict": verdict,
+        "profile": profile,
+        "failing": failing,
+        "capabilities": caps,
+        "reason": "; ".join(report.errors),
+        "seconds": round(report.seconds, 1),
+    }
+
+
+def release_capabilities_json(info: Any) -> dict[str, Any]:
+    """The capabilities a release's code gives, as the history records them."""
+    return {
+        "constructor": "kv_cache_config" if info.config_ctor else "block_size, num_gpu_blocks",
+        "hashing": "Request.block_hasher" if info.hasher else "KVCacheManager",
+        "hash": info.hash_note,
+        "lora": info.lora or "none",
+        "cache_salt": info.cache_salt,
+        "reset": info.reset,
+        "free_order": info.free_order,
+        "new_step": info.new_step,
+        "scheduler_full_hit_pop": info.scheduler_pops_full_hit,
+    }
+
+
+def _worker_main(argv: Sequence[str]) -> int:
+    root, seed, examples, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
+    try:
+        result = run_release(root, seed, examples)
+    except Exception as exc:  # the release could not be driven: say why, never a verdict
+        result = {"verdict": "not driven", "reason": f"{type(exc).__name__}: {exc}"[:400]}
+    out.write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+# ----- the runner ------------------------------------------------------------------------------------
+
+
+def drive(
+    version: str,
+    cache_dir: Path,
+    *,
+    seed: int = 0,
+    examples: int = HISTORY_EXAMPLES,
+    offline: bool = False,
+    timeout_s: float = RELEASE_TIMEOUT_S,
+) -> ReleaseResult:
+    """Fetch (or read from the cache) and judge one release in a worker process."""
+    start = time.perf_counter()
+    try:
+        got = cached(cache_dir, version) if offline else fetch(cache_dir, version)
+    except FetchError as exc:
+        return ReleaseResult(version, "not driven", reason=f"no wheel: {exc}")
+    if got is None:
+        return ReleaseResult(version, "not driven", reason=f"not in the cache {cache_dir} (--offline)")
+    out = cache_dir / version / f".result-{os.getpid()}.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pagedprefix.conformance.reporting.history",
+        "--worker",
+        str(got.root),
+        str(seed),
+        str(examples),
+        str(out),
+    ]
+    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+        data = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else None
+    except subprocess.TimeoutExpired:
+        data = {"verdict": "not driven", "reason": f"the worker ran over {timeout_s:.0f} s"}
+        proc = None
+    finally:
+        out.unlink(missing_ok=True)
+    if data is None:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1] if proc is not None else ""
+        data = {
+            "verdict": "not driven",
+            "reason": f"the worker died (exit {proc and proc.returncode}): {tail[:300]}",
+        }
+    result = ReleaseResult(
+        version,
+        data["verdict"],
+        data.get("profile", "-"),
+        data.get("failing", []),
+        data.get("capabilities", {}),
+        data.get("reason", ""),
+        got.wheel,
+        got.sha256,
+        time.perf_counter() - start,
+    )
+    return result
+
+
+def run_history(
+    versions: Sequence[str],
+    cache_dir: Path,
+    *,
+    seed: int = 0,
+    jobs: int = 2,
+    offline: bool = False,
+    examples: int = HISTORY_EXAMPLES,
+    progress: Callable[[ReleaseResult], None] | None = None,
+) -> list[ReleaseResult]:
+    """Judge ``versions`` with at most ``jobs`` worker processes at once, oldest first in the result."""
+    results: list[ReleaseResult] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [
+            pool.submit(drive, v, cache_dir, seed=seed, examples=examples, offline=offline) for v in versions
+        ]
+        for f in futures:
+            r = f.result()
+            results.append(r)
+            if progress is not None:
+                progress(r)
+    return sorted(results, key=lambda r: version_key(r.version))
+
+
+# ----- the documents ---------------------------------------------------------------------------------
+
+
+def annotate(results: Sequence[ReleaseResult], cache_dir: Path) -> None:
+    """Give each failing row its explanation and references from the current notes, with lines
+    looked up in the release's tree in ``cache_dir`` (:func:`pagedprefix.conformance.reporting.history_notes
+    .explain`)."""
+    from .history_notes import explain
+
+    for r in results:
+        root = cache_dir / r.version
+        for f in r.failing:
+            f["explanation"], f["references"] = explain(r.version, f["name"], root if root.is_dir() else None)
+
+
+def explanation(result: ReleaseResult) -> str:
+    """The row's explanation: the notes of its failing properties, or why it was not driven."""
+    if result.verdict == "not driven":
+        return f"not driven: {result.reason}"
+    if result.verdict == "PASS":
+        return "-"
+    notes = [r.get("explanation", "*unexplained*") for r in result.failing]
+    if result.verdict == "INCOMPLETE" and result.reason:
+        notes.append(result.reason)
+    return " ".join(dict.fromkeys(notes)) or "-"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def render_row(r: ReleaseResult) -> str:
+    failing = ", ".join(f"`{f['name']}`" for f in r.failing) or "-"
+    return f"| {r.version} | {r.verdict} | {failing} | {_one_line(explanation(r))} |"
+
+
+def render_section(r: ReleaseResult) -> list[str]:
+    lines = ["", f"### {r.version}", ""]
+    if r.verdict == "not driven":
+        lines.append(f"Not driven: {r.reason}")
+        return lines
+    caps = ", ".join(f"{k} {v}" for k, v in r.capabilities.items())
+    lines.append(f"{r.verdict} at `{r.profile}`. From the release's code: {caps}.")
+    if r.sha256:
+        lines.append(f"Wheel `{r.wheel}`, sha256 `{r.sha256}`.")
+    for f in r.failing:
+        note = f.get("explanation", "*unexplained*")
+        refs = " ".join(f"<{u}>" for u in f.get("references", []))
+        lines += [
+            "",
+            f"- FAIL `{f['name']}`: {_one_line(f['detail'])}",
+            "",
+            f"  {note}" + (f" {refs}" if refs else ""),
+        ]
+        if f.get("counterexample"):
+            lines += ["", "  ```text", *("  " + x for x in f["counterexample"].splitlines()), "  ```"]
+    return lines
+
+
+HEADER = [
+    "# vLLM V1 history",
+    "",
+    "Generated by `pagedprefix history vllm`: the default suite of `pagedprefix conform` (seed 0, "
+    "without the real-trace slice) on the prefix cache of every vLLM V1 release from 0.6.5 on, each "
+    "loaded from its own wheel in a process of its own and driven by "
+    "`pagedprefix.conformance.engines.vllm_release` at the strongest profile its own code honestly "
+    "supports. Do not edit: `pagedprefix history vllm --check` compares a regeneration. Explanations: "
+    "`conformance/reporting/history_notes.py`. One full-attention KV-cache group, events off (the hybrid "
+    "groups and the event stream of 0.33.0 are judged in `docs/MATRIX.md`).",
+    "",
+    "| version | verdict | failing | explanation |",
+    "|---|---|---|---|",
+]
+
+
+def render_markdown(results: Sequence[ReleaseResult]) -> str:
+    """``docs/HISTORY.md`` (deterministic: no timings, no paths)."""
+    lines = list(HEADER)
+    lines += [render_row(r) for r in results]
+    lines += ["", "## Releases"]
+    for r in results:
+        lines += render_section(r)
+    return "\n".join(lines) + "\n"
+
+
+def to_json(results: Sequence[ReleaseResult]) -> list[dict[str, Any]]:
+    """The same content as the Markdown (each failing row with its explanation), plus timings."""
+    out = []
+    for r in results:
+        d = asdict(r)
+        d["seconds"] = round(r.seconds, 1)
+        d["explanation"] = explanation(r)
+        out.append(d)
+    return out
+
+
+def parse_markdown(text: str) -> dict[str, tuple[str, str]]:
+    """``{version: (table row, section)}`` of a ``docs/HISTORY.md``."""
+    rows: dict[str, str] = {}
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        if line.startswith("| ") and not line.startswith(("| version", "|---")) and current is None:
+            rows[line.split("|")[1].strip()] = line
+        elif line.startswith("### "):
+            current = line[4:].strip()
+            sections[current] = [line]
+        elif current is not None:
+            sections[current].append(line)
+    return {
+        v: (rows.get(v, ""), "\n".join(sections.get(v, [])).strip()) for v in rows.keys() | sections.keys()
+    }
+
+
+def check(results: Sequence[ReleaseResult], committed: str) -> list[str]:
+    """The differences between the regenerated releases and the committed document (empty: same)."""
+    old = parse_markdown(committed)
+    new = parse_markdown(render_markdown(results))
+    problems = []
+    for r in results:
+        if r.version not in old:
+            problems.append(f"{r.version}: not in the committed history")
+            continue
+        if old[r.version][0] != new[r.version][0]:
+            problems.append(
+                f"{r.version}: row\n  committed:   {old[r.version][0]}\n  regenerated: {new[r.version][0]}"
+            )
+        elif old[r.version][1] != new[r.version][1]:
+            problems.append(f"{r.version}: section differs (minimal sequence or capabilities)")
+    return problems
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+    raise SystemExit(_worker_main(sys.argv[2:]))
