@@ -7,7 +7,11 @@ request of three 16-token blocks with contents A, B, C; ``AB`` shares its first 
 
 from __future__ import annotations
 
-from pagedprefix.spec.events import AllBlocksCleared
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
+
+from pagedprefix.spec.events import AllBlocksCleared, EventBatch
 
 from .prefix import GroupSpec
 from .streams import Faults, Query, Scenario, ScenarioBuilder, random_scenario, removed, stored
@@ -18,128 +22,135 @@ XY = [7, 8]
 ABCD = [1, 2, 3, 4]
 
 
-def duplicate_copies() -> Scenario:
-    """Two requests computed the same prefix (vLLM v1 keeps both copies); one copy is evicted, the
-    other still holds the key. An indexer that keeps a set instead of counting loses it."""
-    b = ScenarioBuilder("duplicate-copies", duplicate_copies.__doc__ or "")
-    b.publish("r0", stored(ABC, 0, 3))
-    b.publish("r0", stored(ABC, 0, 2))
-    b.publish("r0", removed(ABC, [1]))
-    b.query(ABC)
-    b.publish("r0", removed(ABC, [1]))
-    b.query(ABC)
+class Hand(NamedTuple):
+    """One hand-written scenario: its name, what it stands for, and its steps, each a tuple
+    ``(verb, *arguments)`` of a :class:`~.streams.ScenarioBuilder` call (``publish``, ``lose``,
+    ``restart``, ``settle``, ``query``), or ``("redeliver", source, seq)``: that source's batch
+    ``seq`` (of its current engine instance) reaches the indexer again."""
+
+    name: str
+    doc: str
+    ops: tuple[tuple[Any, ...], ...]
+    sources: tuple[str, ...] = ("r0",)
+    groups: tuple[GroupSpec, ...] | None = None
+
+
+def play(hand: Hand) -> Scenario:
+    """The scenario ``hand`` writes (raises ``ValueError`` where it is malformed)."""
+    b = ScenarioBuilder(hand.name, hand.doc, sources=hand.sources, groups=hand.groups)
+    sent: dict[tuple[str, int], EventBatch] = {}  # (source, seq): the latest batch of that number
+    for verb, *args in hand.ops:
+        if verb == "redeliver":
+            source, seq = args
+            b.redeliver(source, sent[(source, seq)])
+            continue
+        batch = getattr(b, verb)(*args)
+        if isinstance(batch, EventBatch):
+            sent[(args[0], batch.seq)] = batch
     return b.build()
 
 
-def all_blocks_cleared() -> Scenario:
-    """``reset_prefix_cache``: every key leaves. An indexer that only logs ``AllBlocksCleared``
-    keeps crediting the replica."""
-    b = ScenarioBuilder("all-blocks-cleared", all_blocks_cleared.__doc__ or "", sources=("r0", "r1"))
-    b.publish("r0", stored(ABC, 0, 3))
-    b.publish("r1", stored(AB, 0, 2))
-    b.query(ABC)
-    b.publish("r0", AllBlocksCleared(), stored(XY, 0, 2))
-    b.query(ABC)
-    b.query(XY)
-    return b.build()
+MAMBA_GROUPS = (GroupSpec("full", 16), GroupSpec("mamba", 16))
+SLIDING_GROUPS = (GroupSpec("full", 16), GroupSpec("sliding", 16, window=33))
 
-
-def restart() -> Scenario:
-    """The engine restarts and numbers its batches from 0 again; its cache is empty. The source is
-    cleared and resynced (batch 0 of a new instance and a re-delivered batch 0 look alike). An index
-    that keeps the old instance's blocks credits a replica that holds nothing."""
-    b = ScenarioBuilder("restart", restart.__doc__ or "", sources=("r0", "r1"))
-    b.publish("r0", stored(ABC, 0, 3))
-    b.publish("r0", stored(XY, 0, 2))
-    b.publish("r1", stored(AB, 0, 2))
-    b.restart("r0")
-    b.publish("r0", stored(ABCD, 0, 1))
-    b.query(ABC)
-    b.settle()
-    b.query(ABC)
-    b.query(XY)
-    return b.build()
-
-
-def restart_first_batch_lost() -> Scenario:
-    """A restart whose first batch (0) is lost: the number goes back (a restart) and batch 0 is
-    missing. The source must be cleared and resynced, not answered from a partial stream."""
-    b = ScenarioBuilder("restart-first-batch-lost", restart_first_batch_lost.__doc__ or "")
-    b.publish("r0", stored(ABC, 0, 3))
-    b.publish("r0", stored(XY, 0, 2))
-    b.publish("r0", removed(XY, [1]))
-    b.restart("r0")
-    b.lose("r0", stored(AB, 0, 2))
-    b.publish("r0", stored(XY, 0, 1))
-    b.query(AB)
-    b.settle()
-    b.query(AB)
-    b.query(ABC)
-    return b.build()
-
-
-def lost_batch() -> Scenario:
-    """A batch is lost (a removal and a store): the next batch shows the gap. Until resynced the
-    source must not be answered for; after a full resync the answer is the replica's real index.
-    An indexer that ignores sequence gaps keeps the removed key and misses the stored one."""
-    b = ScenarioBuilder("lost-batch", lost_batch.__doc__ or "", sources=("r0", "r1"))
-    b.publish("r0", stored(ABC, 0, 3))
-    b.publish("r1", stored(ABC, 0, 1))
-    b.lose("r0", removed(ABC, [2]), stored(XY, 0, 2))
-    b.publish("r0", stored(ABCD, 3, 4))
-    b.query(ABC)
-    b.settle()
-    b.query(ABC)
-    b.query(XY)
-    return b.build()
-
-
-def late_join() -> Scenario:
-    """The indexer starts (or restarts) while the replica runs: its first batch is not 0. The
-    events it missed are a gap; its parents are unknown because their batches were missed, not
-    because they do not exist. Dropping events with an unknown parent, or starting from the first
-    batch seen, loses every block stored before."""
-    b = ScenarioBuilder("late-join", late_join.__doc__ or "")
-    b.lose("r0", stored(ABC, 0, 3))
-    b.lose("r0", stored(XY, 0, 1))
-    b.publish("r0", stored(XY, 1, 2), stored(ABCD, 3, 4))
-    b.query(ABCD)
-    b.settle()
-    b.query(ABCD)
-    b.query(XY)
-    return b.build()
-
-
-def unknown_parent_mamba() -> Scenario:
-    """A hybrid model with a Mamba group keeps only the state at the end of the prompt: its
-    ``BlockStored`` names a parent state that was never stored. The state is valid all the same; an
-    indexer that drops events with an unknown parent never credits a hybrid prefix."""
-    groups = (GroupSpec("full", 16), GroupSpec("mamba", 16))
-    b = ScenarioBuilder("unknown-parent-mamba", unknown_parent_mamba.__doc__ or "", groups=groups)
-    b.publish("r0", stored(ABCD, 0, 4, group=0), stored(ABCD, 3, 4, group=1))
-    b.publish("r0", stored(AB, 0, 2, group=0), stored(AB, 1, 2, group=1))
-    b.query(ABCD)
-    b.query(ABC)
-    b.query(AB)
-    return b.build()
-
-
-def sliding_window_sparse() -> Scenario:
-    """A sliding-window group (window 33 tokens: the 2 blocks before the resume point) releases the
-    blocks that left the window; the full group keeps them. Residency of the sliding group's early
-    blocks is gone, so only resume points whose window is still held are valid. An indexer that
-    answers from the full group alone (or maps the sparse group onto contiguous positions) claims a
-    prefix whose window is not there."""
-    groups = (GroupSpec("full", 16), GroupSpec("sliding", 16, window=33))
-    b = ScenarioBuilder("sliding-window-sparse", sliding_window_sparse.__doc__ or "", groups=groups)
-    b.publish("r0", stored(ABCD, 0, 4, group=0), stored(ABCD, 0, 4, group=1))
-    b.query(ABCD)
-    b.publish("r0", removed(ABCD, [0, 1], group=1))
-    b.query(ABCD)
-    b.publish("r0", removed(ABCD, [3], group=1))
-    b.query(ABCD, num_tokens=65)
-    b.query(ABCD, num_tokens=49)
-    return b.build()
+HANDS: tuple[Hand, ...] = (
+    Hand(
+        "duplicate-copies",
+        "Two requests computed the same prefix (vLLM v1 keeps both copies); one copy is evicted, the "
+        "other still holds the key. An indexer that keeps a set instead of counting loses it.",
+        (("publish", "r0", stored(ABC, 0, 3)), ("publish", "r0", stored(ABC, 0, 2)),
+         ("publish", "r0", removed(ABC, [1])), ("query", ABC), ("publish", "r0", removed(ABC, [1])),
+         ("query", ABC)),
+    ),
+    Hand(
+        "all-blocks-cleared",
+        "``reset_prefix_cache``: every key leaves. An indexer that only logs ``AllBlocksCleared`` "
+        "keeps crediting the replica.",
+        (("publish", "r0", stored(ABC, 0, 3)), ("publish", "r1", stored(AB, 0, 2)), ("query", ABC),
+         ("publish", "r0", AllBlocksCleared(), stored(XY, 0, 2)), ("query", ABC), ("query", XY)),
+        sources=("r0", "r1"),
+    ),
+    Hand(
+        "restart",
+        "The engine restarts and numbers its batches from 0 again; its cache is empty. The source is "
+        "cleared and resynced (batch 0 of a new instance and a re-delivered batch 0 look alike). An "
+        "index that keeps the old instance's blocks credits a replica that holds nothing.",
+        (("publish", "r0", stored(ABC, 0, 3)), ("publish", "r0", stored(XY, 0, 2)),
+         ("publish", "r1", stored(AB, 0, 2)), ("restart", "r0"), ("publish", "r0", stored(ABCD, 0, 1)),
+         ("query", ABC), ("settle",), ("query", ABC), ("query", XY)),
+        sources=("r0", "r1"),
+    ),
+    Hand(
+        "restart-first-batch-lost",
+        "A restart whose first batch (0) is lost: the number goes back (a restart) and batch 0 is "
+        "missing. The source must be cleared and resynced, not answered from a partial stream.",
+        (("publish", "r0", stored(ABC, 0, 3)), ("publish", "r0", stored(XY, 0, 2)),
+         ("publish", "r0", removed(XY, [1])), ("restart", "r0"), ("lose", "r0", stored(AB, 0, 2)),
+         ("publish", "r0", stored(XY, 0, 1)), ("query", AB), ("settle",), ("query", AB), ("query", ABC)),
+    ),
+    Hand(
+        "lost-batch",
+        "A batch is lost (a removal and a store): the next batch shows the gap. Until resynced the "
+        "source must not be answered for; after a full resync the answer is the replica's real index. "
+        "An indexer that ignores sequence gaps keeps the removed key and misses the stored one.",
+        (("publish", "r0", stored(ABC, 0, 3)), ("publish", "r1", stored(ABC, 0, 1)),
+         ("lose", "r0", removed(ABC, [2]), stored(XY, 0, 2)), ("publish", "r0", stored(ABCD, 3, 4)),
+         ("query", ABC), ("settle",), ("query", ABC), ("query", XY)),
+        sources=("r0", "r1"),
+    ),
+    Hand(
+        "late-join",
+        "The indexer starts (or restarts) while the replica runs: its first batch is not 0. The "
+        "events it missed are a gap; its parents are unknown because their batches were missed, not "
+        "because they do not exist. Dropping events with an unknown parent, or starting from the "
+        "first batch seen, loses every block stored before.",
+        (("lose", "r0", stored(ABC, 0, 3)), ("lose", "r0", stored(XY, 0, 1)),
+         ("publish", "r0", stored(XY, 1, 2), stored(ABCD, 3, 4)), ("query", ABCD), ("settle",),
+         ("query", ABCD), ("query", XY)),
+    ),
+    Hand(
+        "unknown-parent-mamba",
+        "A hybrid model with a Mamba group keeps only the state at the end of the prompt: its "
+        "``BlockStored`` names a parent state that was never stored. The state is valid all the same; "
+        "an indexer that drops events with an unknown parent never credits a hybrid prefix.",
+        (("publish", "r0", stored(ABCD, 0, 4, group=0), stored(ABCD, 3, 4, group=1)),
+         ("publish", "r0", stored(AB, 0, 2, group=0), stored(AB, 1, 2, group=1)),
+         ("query", ABCD), ("query", ABC), ("query", AB)),
+        groups=MAMBA_GROUPS,
+    ),
+    Hand(
+        "sliding-window-sparse",
+        "A sliding-window group (window 33 tokens: the 2 blocks before the resume point) releases the "
+        "blocks that left the window; the full group keeps them. Residency of the sliding group's "
+        "early blocks is gone, so only resume points whose window is still held are valid. An indexer "
+        "that answers from the full group alone (or maps the sparse group onto contiguous positions) "
+        "claims a prefix whose window is not there.",
+        (("publish", "r0", stored(ABCD, 0, 4, group=0), stored(ABCD, 0, 4, group=1)), ("query", ABCD),
+         ("publish", "r0", removed(ABCD, [0, 1], group=1)), ("query", ABCD),
+         ("publish", "r0", removed(ABCD, [3], group=1)), ("query", ABCD, 65), ("query", ABCD, 49)),
+        groups=SLIDING_GROUPS,
+    ),
+    Hand(
+        "duplicate-batch",
+        "A batch is delivered twice (a publisher's replay overlapping what arrived). The number goes "
+        "back, which the rules read as a restart: clear and resync. Applying it again double-counts "
+        "its stores, so a key removed later still looks held.",
+        (("publish", "r0", stored(AB, 0, 2)), ("publish", "r0", stored(ABC, 2, 3)),
+         ("publish", "r0", removed(ABC, [2])), ("redeliver", "r0", 1), ("settle",), ("query", ABC)),
+    ),
+    Hand(
+        "reordered-replicas",
+        "Three replicas' batches interleave in any order; each source's index is its own, and one "
+        "replica's gap must not stop answers for the others.",
+        (("publish", "r2", stored(ABC, 0, 1)), ("publish", "r0", stored(ABC, 0, 3)),
+         ("lose", "r1", stored(ABC, 0, 2)), ("publish", "r2", stored(ABC, 1, 2)),
+         ("publish", "r1", stored(XY, 0, 2)), ("publish", "r0", removed(ABC, [2])), ("query", ABC),
+         ("settle",), ("query", ABC)),
+        sources=("r0", "r1", "r2"),
+    ),
+)
+"""The hand-written scenarios walked by :func:`play`, one per fault (all but
+:func:`spec_hybrid_stream`, which runs the hybrid spec)."""
 
 
 SPEC_GROUPS = (GroupSpec("full", 4), GroupSpec("sliding", 4, window=8), GroupSpec("mamba", 4))
@@ -207,40 +218,11 @@ def spec_hybrid_stream() -> Scenario:
     return spec_hybrid_run()[0]
 
 
-def duplicate_batch() -> Scenario:
-    """A batch is delivered twice (a publisher's replay overlapping what arrived). The number goes
-    back, which the rules read as a restart: clear and resync. Applying it again double-counts its
-    stores, so a key removed later still looks held."""
-    b = ScenarioBuilder("duplicate-batch", duplicate_batch.__doc__ or "")
-    b.publish("r0", stored(AB, 0, 2))
-    again = b.publish("r0", stored(ABC, 2, 3))
-    b.publish("r0", removed(ABC, [2]))
-    b.redeliver("r0", again)
-    b.settle()
-    b.query(ABC)
-    return b.build()
-
-
-def reordered_replicas() -> Scenario:
-    """Three replicas' batches interleave in any order; each source's index is its own, and one
-    replica's gap must not stop answers for the others."""
-    b = ScenarioBuilder("reordered-replicas", reordered_replicas.__doc__ or "", sources=("r0", "r1", "r2"))
-    b.publish("r2", stored(ABC, 0, 1))
-    b.publish("r0", stored(ABC, 0, 3))
-    b.lose("r1", stored(ABC, 0, 2))
-    b.publish("r2", stored(ABC, 1, 2))
-    b.publish("r1", stored(XY, 0, 2))
-    b.publish("r0", removed(ABC, [2]))
-    b.query(ABC)
-    b.settle()
-    b.query(ABC)
-    return b.build()
-
-
-HAND_WRITTEN = (
-    duplicate_copies, all_blocks_cleared, restart, restart_first_batch_lost, lost_batch, late_join,
-    unknown_parent_mamba, sliding_window_sparse, duplicate_batch, reordered_replicas, spec_hybrid_stream,
+HAND_WRITTEN: tuple[Callable[[], Scenario], ...] = (
+    *(partial(play, hand) for hand in HANDS), spec_hybrid_stream,
 )
+"""Every hand-written scenario's maker, in order: the rows of :data:`HANDS`, then
+:func:`spec_hybrid_stream`."""
 
 GENERATED_FAULTS = Faults(drop=0.15, duplicate=0.08, restart=0.03, settle=0.5)
 
