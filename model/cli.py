@@ -150,6 +150,7 @@ def generate(
     from .engine import (
         ContextTooLong,
         Engine,
+        Rerun,
         blocks_needed_alone,
         check_against_alone,
         check_context,
@@ -246,27 +247,15 @@ def generate(
 
     if not check:
         return
-    same_batches = check_without_sharing(
-        model,
-        prompts,
-        result,
-        n=n,
+    settings = Rerun(
         max_tokens=max_tokens,
         stop_ids=tokenizer.stop_ids,
         block_size=block_size,
         manager=factory,
         backend=kernel_backend,
     )
-    alone = check_against_alone(
-        model,
-        prompts,
-        result,
-        max_tokens=max_tokens,
-        stop_ids=tokenizer.stop_ids,
-        block_size=block_size,
-        manager=factory,
-        backend=kernel_backend,
-    )
+    same_batches = check_without_sharing(model, prompts, result, settings, n=n)
+    alone = check_against_alone(model, prompts, result, settings)
     checks = [("sharing off, same batches", same_batches), ("each sample alone", alone)]
     failed = False
     for label, outcome in checks:

@@ -19,7 +19,8 @@ that tests use to show the copies matter.
 earlier ones) with ``n`` samples each: sample 0 is greedy, sample ``j`` is forked from it and forced to
 take the ``j``-th most likely first token, and every sample then continues greedily. :func:`run_alone`
 replays one sample in a fresh engine with nothing to share, and :func:`check_against_alone` compares;
-:func:`check_without_sharing` reruns everything in the same batches with sharing turned off.
+:func:`check_without_sharing` reruns everything in the same batches with sharing turned off; both
+checks take one :class:`Rerun` (the generation's limits and the engine it ran on).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "GenerationResult",
     "ManagerFactory",
     "Prefill",
+    "Rerun",
     "Sample",
     "blocks_needed_alone",
     "check_against_alone",
@@ -468,21 +470,29 @@ def generate(
     )
 
 
+@dataclass(frozen=True)
+class Rerun:
+    """How a check reruns the samples of a generation: with its ``max_tokens`` and ``stop_ids``, in
+    engines of ``block_size``-token blocks with the block ``manager`` (a :data:`MANAGERS` name or a
+    factory) and kernel ``backend`` the shared run used."""
+
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    block_size: int = 16
+    manager: str | ManagerFactory = "auto"
+    backend: Backend = "auto"
+
+
 def run_alone(
-    model: Llama,
-    prompt: Sequence[int],
-    *,
-    rank: int = 0,
-    max_tokens: int = 16,
-    stop_ids: frozenset[int] = frozenset(),
-    record_logits: bool = False,
-    block_size: int = 16,
-    manager: str | ManagerFactory = "auto",
-    backend: Backend = "auto",
+    model: Llama, prompt: Sequence[int], rerun: Rerun, *, rank: int = 0, record_logits: bool = False
 ) -> Sample:
-    """Replay one sample in a fresh engine that holds nothing else: no prefix hit, no fork, no copy."""
+    """Replay one sample (``rank``: which first token it takes, 0 = greedy) as ``rerun`` says, in a
+    fresh engine that holds nothing else: no prefix hit, no fork, no copy."""
+    max_tokens, block_size = rerun.max_tokens, rerun.block_size
     num_blocks = blocks_needed_alone([len(prompt)], 1, max_tokens, block_size)
-    engine = Engine(model, num_blocks=num_blocks, block_size=block_size, manager=manager, backend=backend)
+    engine = Engine(
+        model, num_blocks=num_blocks, block_size=block_size, manager=rerun.manager, backend=rerun.backend
+    )
     prefill = engine.add_request("alone", prompt)
     if prefill.num_computed_tokens != 0:
         raise AssertionError("a fresh cache served a prefix hit")
@@ -491,7 +501,7 @@ def run_alone(
     )
     if record_logits:
         sample.logits.append(prefill.logits.clone())
-    _decode_greedily(engine, [sample], max_tokens, stop_ids, record_logits)
+    _decode_greedily(engine, [sample], max_tokens, rerun.stop_ids, record_logits)
     if engine.stats.cow_copies or engine.stats.prefill_tokens_skipped:
         raise AssertionError("a request alone shared blocks")
     return sample
@@ -524,63 +534,38 @@ def compare_samples(shared: Sequence[Sample], reruns: list[Sample]) -> CheckResu
 
 
 def check_without_sharing(
-    model: Llama,
-    prompts: Sequence[Sequence[int]],
-    result: GenerationResult,
-    *,
-    n: int,
-    max_tokens: int,
-    stop_ids: frozenset[int] = frozenset(),
-    block_size: int = 16,
-    manager: str | ManagerFactory = "auto",
-    backend: Backend = "auto",
+    model: Llama, prompts: Sequence[Sequence[int]], result: GenerationResult, rerun: Rerun, *, n: int
 ) -> CheckResult:
-    """Rerun the whole generation with ``prefix_sharing=False`` (every sample admitted and prefilled
-    on its own, decoded in the same batches) and compare. Only sharing differs between the two runs,
-    so on one device the logits usually agree bit for bit."""
-    num_blocks = blocks_needed_alone((len(p) for p in prompts), n, max_tokens, block_size)
+    """Rerun the whole generation (``n`` samples a prompt) with ``prefix_sharing=False`` (every
+    sample admitted and prefilled on its own, decoded in the same batches) and compare. Only sharing
+    differs between the two runs, so on one device the logits usually agree bit for bit."""
+    num_blocks = blocks_needed_alone((len(p) for p in prompts), n, rerun.max_tokens, rerun.block_size)
     engine = Engine(
         model,
         num_blocks=num_blocks,
-        block_size=block_size,
-        manager=manager,
-        backend=backend,
+        block_size=rerun.block_size,
+        manager=rerun.manager,
+        backend=rerun.backend,
         prefix_sharing=False,
     )
     record = all(sample.logits for sample in result.samples)
-    rerun = generate(engine, prompts, n=n, max_tokens=max_tokens, stop_ids=stop_ids, record_logits=record)
-    if rerun.stats.prefill_tokens_skipped or rerun.stats.cow_copies or rerun.stats.forks:
+    again = generate(
+        engine, prompts, n=n, max_tokens=rerun.max_tokens, stop_ids=rerun.stop_ids, record_logits=record
+    )
+    if again.stats.prefill_tokens_skipped or again.stats.cow_copies or again.stats.forks:
         raise AssertionError("an engine without prefix sharing shared blocks")
-    return compare_samples(result.samples, rerun.samples)
+    return compare_samples(result.samples, again.samples)
 
 
 def check_against_alone(
-    model: Llama,
-    prompts: Sequence[Sequence[int]],
-    result: GenerationResult,
-    *,
-    max_tokens: int,
-    stop_ids: frozenset[int] = frozenset(),
-    block_size: int = 16,
-    manager: str | ManagerFactory = "auto",
-    backend: Backend = "auto",
+    model: Llama, prompts: Sequence[Sequence[int]], result: GenerationResult, rerun: Rerun
 ) -> CheckResult:
     """Rerun every sample of ``result`` alone (:func:`run_alone`: a fresh engine, batches of one) and
     compare. Different batch shapes round differently, so logits agree only to about 1e-5 in float32;
     greedy tokens must still be equal."""
     record = all(sample.logits for sample in result.samples)
     reruns = [
-        run_alone(
-            model,
-            prompts[sample.prompt_index],
-            rank=sample.rank,
-            max_tokens=max_tokens,
-            stop_ids=stop_ids,
-            record_logits=record,
-            block_size=block_size,
-            manager=manager,
-            backend=backend,
-        )
+        run_alone(model, prompts[sample.prompt_index], rerun, rank=sample.rank, record_logits=record)
         for sample in result.samples
     ]
     return compare_samples(result.samples, reruns)

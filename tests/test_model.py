@@ -23,6 +23,7 @@ from pagedprefix.model.engine import (
     CheckResult,
     Engine,
     GenerationResult,
+    Rerun,
     check_against_alone,
     check_without_sharing,
     generate,
@@ -186,14 +187,11 @@ def test_tiny_sharing_matches_alone(tiny: Llama, manager: str) -> None:
     result = generate(engine, prompts, n=3, max_tokens=6, record_logits=True)
     assert result.num_computed_tokens == [0, 8, 8]
     assert result.stats.cow_copies > 0 and result.distinct_blocks < result.table_entries
-    check = check_against_alone(
-        tiny, prompts, result, max_tokens=6, block_size=4, manager=manager, backend="reference"
-    )
+    rerun = Rerun(max_tokens=6, block_size=4, manager=manager, backend="reference")
+    check = check_against_alone(tiny, prompts, result, rerun)
     assert check.ok, [(s.request_id, s.tokens) for s in check.mismatches]
     assert check.max_logit_diff < LOGIT_TOLERANCE
-    same = check_without_sharing(
-        tiny, prompts, result, n=3, max_tokens=6, block_size=4, manager=manager, backend="reference"
-    )
+    same = check_without_sharing(tiny, prompts, result, rerun, n=3)
     assert same.ok and same.max_logit_diff < LOGIT_TOLERANCE
 
 
@@ -203,7 +201,8 @@ def test_tiny_skipping_copies_breaks_forks(tiny: Llama) -> None:
     engine = Engine(tiny, num_blocks=32, block_size=4, backend="reference", execute_copies=False)
     result = generate(engine, [prompt], n=2, max_tokens=4, record_logits=True)
     assert result.stats.cow_copies == 1
-    check = check_against_alone(tiny, [prompt], result, max_tokens=4, block_size=4, backend="reference")
+    rerun = Rerun(max_tokens=4, block_size=4, backend="reference")
+    check = check_against_alone(tiny, [prompt], result, rerun)
     assert check.max_logit_diff > 1e-2
 
 
@@ -436,12 +435,9 @@ def _checks(
     model: Llama, prompts: list[list[int]], result: GenerationResult, n: int, max_tokens: int
 ) -> dict[str, CheckResult]:
     """The shared run against both unshared reruns: same batches with sharing off, and each alone."""
-    same = check_without_sharing(
-        model, prompts, result, n=n, max_tokens=max_tokens, block_size=BLOCK_SIZE, backend=CPU
-    )
-    alone = check_against_alone(
-        model, prompts, result, max_tokens=max_tokens, block_size=BLOCK_SIZE, backend=CPU
-    )
+    rerun = Rerun(max_tokens=max_tokens, block_size=BLOCK_SIZE, backend=CPU)
+    same = check_without_sharing(model, prompts, result, rerun, n=n)
+    alone = check_against_alone(model, prompts, result, rerun)
     return {"same batches": same, "alone": alone}
 
 
