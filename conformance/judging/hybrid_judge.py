@@ -499,13 +499,9 @@ class HybridJudge(RetentionAdequacy[HReq]):
 
     def _apply_append(self, step: Step, result: dict[str, Json], what: str) -> None:
         holders = self._holders()
-        rid = step["request_id"]
-        req = self.live[rid]
-        old_len = len(req.tokens)
+        rid, req, old_len, copies, new_tokens = self._appending(step, result)
         old = req.tables
         tables: Tables = [list(t) for t in result["block_tables"]]
-        copies = [tuple(c) for c in result["copies"]]
-        new_tokens = list(step["tokens"])
         self._check_shape(tables, old_len + len(new_tokens), what)
         copied = {src: dst for src, dst in copies}
         kept: set[tuple[int, int]] = set()

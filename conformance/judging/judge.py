@@ -221,13 +221,9 @@ class Judge(JudgeBase[Req]):
 
     def _apply_append(self, step: Step, result: dict[str, Json], what: str) -> None:
         holders = self._holders()
-        rid = step["request_id"]
-        req = self.live[rid]
-        old_len = len(req.tokens)
+        rid, req, old_len, copies, new_tokens = self._appending(step, result)
         old_table = req.table
         table = list(result["block_table"])
-        copies = [tuple(c) for c in result["copies"]]
-        new_tokens = list(step["tokens"])
         self._check_table_shape(table, old_len + len(new_tokens), what)
         full = old_len // self.B
         if table[:full] != old_table[:full]:

@@ -340,6 +340,16 @@ class JudgeBase(Generic[R]):
     def _apply_allocate(self, step: Step, result: dict[str, Json], what: str) -> None:
         raise NotImplementedError
 
+    def _appending(
+        self, step: Step, result: dict[str, Json]
+    ) -> tuple[RequestId, R, int, list[tuple[Any, ...]], list[int]]:
+        """An ``append``'s request id and request (before the step), its length in tokens before the
+        step, the ``(src, dst)`` copy-on-write copies the engine reported and the appended tokens."""
+        rid = step["request_id"]
+        req = self.live[rid]
+        copies = [tuple(c) for c in result["copies"]]
+        return rid, req, len(req.tokens), copies, list(step["tokens"])
+
     def _apply_append(self, step: Step, result: dict[str, Json], what: str) -> None:
         raise NotImplementedError
 
