@@ -582,15 +582,11 @@ class HybridJudge(RetentionAdequacy[HReq]):
 
     # ----- after every step ---------------------------------------------------------------------
 
-    def _check_tables(self, step: Step, obs: Observation, what: str) -> None:
-        reported = {rid: t for rid, t in obs["group_tables"]}
-        touched = [step.get("request_id"), step.get("child_id")]
-        for rid, req in self.live.items():
-            tables = reported.get(rid)
-            if tables == req.tables:
-                continue
-            prop = H6 if rid in touched else H3
-            self.fail(prop, f"after {what}, block_tables({rid!r}) = {tables}, but the judge has {req.tables}")
+    def _tables_of(self, req: HReq) -> Json:
+        return req.tables
+
+    def _changed_tables(self, rid: RequestId, req: HReq, got: Json, touched: bool, what: str) -> str:
+        return f"after {what}, block_tables({rid!r}) = {got}, but the judge has {req.tables}"
 
     def _check_contents(self, step: Step) -> None:
         """H3: every live request holds its need set, with its own content; every other held

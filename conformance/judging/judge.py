@@ -304,29 +304,22 @@ class Judge(JudgeBase[Req]):
     def _owed(self, step: Step) -> int:
         return self.published_hit(step)
 
-    def _check_tables(self, step: Step, obs: Observation, what: str) -> None:
-        """Tables must be as the operations left them, except a canonicalized duplicate
-        (SEMANTICS section 6): an entry replaced by another block holding the same content."""
-        reported = {rid: t for rid, t in obs["tables"]}
-        touched = [step.get("request_id"), step.get("child_id")]
-        for rid, req in self.live.items():
-            table = reported.get(rid)
-            if table == req.table:
-                continue
-            if table is not None and self._canonicalized(req, list(table)):
-                req.table = list(table)
-                continue
-            why = "" if table is None else self._rewrite_refused(req, list(table))
-            if rid in touched:
-                self.fail(
-                    "accounting",
-                    f"after {what}, block_table({rid!r}) = {table}, but the operation returned {req.table}"
-                    + why,
-                )
-            self.fail(
-                "held-blocks",
-                f"{what} changed the block_table of request {rid!r}: {req.table} -> {table}" + why,
-            )
+    def _tables_of(self, req: Req) -> Json:
+        return req.table
+
+    def _accepted(self, req: Req, got: Json) -> bool:
+        """A canonicalized duplicate (SEMANTICS section 6): an entry replaced by another block
+        holding the same content. The judge takes the new table over."""
+        if not self._canonicalized(req, list(got)):
+            return False
+        req.table = list(got)
+        return True
+
+    def _changed_tables(self, rid: RequestId, req: Req, got: Json, touched: bool, what: str) -> str:
+        why = "" if got is None else self._rewrite_refused(req, list(got))
+        if touched:
+            return f"after {what}, block_table({rid!r}) = {got}, but the operation returned {req.table}" + why
+        return f"{what} changed the block_table of request {rid!r}: {req.table} -> {got}" + why
 
     def _rewrite_refused(self, req: Req, table: list[int]) -> str:
         """Why replacing the request's table by ``table`` is not a canonicalization (SEMANTICS

@@ -371,7 +371,29 @@ class JudgeBase(Generic[R]):
         """A scheduler step boundary: nothing to record unless the family publishes at steps."""
 
     def _check_tables(self, step: Step, obs: Observation, what: str) -> None:
-        """The reported tables are those the operations left."""
+        """Every live request's tables must be as the operations left them, except a change the
+        family accepts (:meth:`_accepted`): otherwise :attr:`ACCOUNTING` for a request the step
+        touched (the engine's observation contradicts what the step returned) and :attr:`HELD` for
+        any other (the step changed a request it had no business with)."""
+        reported = {rid: t for rid, t in obs[self.TABLES]}
+        touched = [step.get("request_id"), step.get("child_id")]
+        for rid, req in self.live.items():
+            got = reported.get(rid)
+            if got == self._tables_of(req) or (got is not None and self._accepted(req, got)):
+                continue
+            prop = self.ACCOUNTING if rid in touched else self.HELD
+            self.fail(prop, self._changed_tables(rid, req, got, rid in touched, what))
+
+    def _tables_of(self, req: R) -> Json:
+        """The request's tables as the observation shows them."""
+        raise NotImplementedError
+
+    def _accepted(self, req: R, got: Json) -> bool:
+        """Whether a reported change of the request's tables is allowed (and taken over); none is."""
+        return False
+
+    def _changed_tables(self, rid: RequestId, req: R, got: Json, touched: bool, what: str) -> str:
+        """The message of a reported table (``None``: the request is missing) that is not the judge's."""
         raise NotImplementedError
 
     def _check_contents(self, step: Step) -> None:
