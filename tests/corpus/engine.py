@@ -1,6 +1,7 @@
-"""What both clean corpus engines share: the request-id and prompt checks, the hit cap and the
-block-table observation. Each engine keeps its own state and policy; this holds only the parts of
-the adapter surface that are the same in a pool and in a tree."""
+"""What both clean corpus engines share: the request-id and prompt checks, the hit cap, the
+admission tail, the decode ``append`` and the block-table observation. Each engine keeps its own
+state and policy (how a block is taken, how full blocks are published, when a write must copy);
+this holds only the parts of the adapter surface that are the same in a pool and in a tree."""
 
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ R = TypeVar("R", bound=CorpusRequest)
 
 
 class CorpusEngine(AdapterBase, Generic[R]):
-    """The shared checks of a corpus engine over its live requests ``_requests``."""
+    """The shared checks and operations of a corpus engine over its live requests ``_requests``.
+
+    A subclass supplies the hooks ``_take_block``, ``_publish``, ``_needs_copy``,
+    ``_copy_on_write`` and ``num_free_blocks``.
+    """
 
     B: int
     N: int
@@ -58,6 +63,54 @@ class CorpusEngine(AdapterBase, Generic[R]):
         token_list = spec.check_tokens(tokens)
         spec.check_extras(extras, len(token_list))
         return token_list
+
+    # ----- hooks ---------------------------------------------------------------------------
+
+    def _take_block(self) -> int:
+        """A block for new content, with one reference; capacity was checked."""
+        raise NotImplementedError
+
+    def _publish(self, req: R) -> None:
+        """Make every block of ``req`` that became full findable by later prompts."""
+        raise NotImplementedError
+
+    def _needs_copy(self, req: R) -> bool:
+        """Whether an append must copy the last block first: it is partial and shared."""
+        raise NotImplementedError
+
+    def _copy_on_write(self, req: R) -> tuple[int, int]:
+        """Give ``req`` a private copy of its shared partial last block; returns ``(src, dst)``."""
+        raise NotImplementedError
+
+    def num_free_blocks(self) -> int:
+        raise NotImplementedError
+
+    # ----- shared operations ----------------------------------------------------------------
+
+    def _admit(self, rid: spec.RequestId, req: R, hit_blocks: int) -> spec.Allocation:
+        """Make ``req`` live under ``rid``, publish its full blocks; ``hit_blocks`` were hits."""
+        self._requests[rid] = req
+        self._publish(req)
+        return spec.Allocation(hit_blocks * self.B, tuple(req.table))
+
+    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
+        """Decode: copy a shared partial last block, take blocks as needed, publish the full ones.
+
+        Raises :class:`spec.OutOfBlocks` (changing nothing) when the copy and the new blocks
+        need more than the free blocks.
+        """
+        req = self._live(request_id)
+        token_list = spec.check_tokens(tokens)
+        cow = self._needs_copy(req)
+        total = spec.blocks_needed(len(req.tokens) + len(token_list), self.B)
+        grow = total - len(req.table)
+        if int(cow) + grow > self.num_free_blocks():
+            raise spec.OutOfBlocks(int(cow) + grow, self.num_free_blocks(), self.N, total)
+        copies = [self._copy_on_write(req)] if cow else []
+        req.tokens.extend(token_list)
+        req.table.extend(self._take_block() for _ in range(grow))
+        self._publish(req)
+        return spec.AppendResult(tuple(copies), tuple(req.table))
 
     def block_table(self, request_id: spec.RequestId) -> tuple[int, ...]:
         return tuple(self._live(request_id).table)

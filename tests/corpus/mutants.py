@@ -95,7 +95,7 @@ class HashesNextBlockAsBlockZero(PoolEngine):
     a's block 1 for its position 0 (3 steps).
     """
 
-    def _publish_full_blocks(self, req: PoolRequest) -> None:
+    def _publish(self, req: PoolRequest) -> None:
         # vllm-ascend PR #12012: the parent hash was tracked only across the blocks being
         # stored in this call, so a run starting after already-cached blocks got a wrong parent.
         parent = self._root
@@ -251,7 +251,7 @@ class CowKeepsSourceRef(PoolEngine):
         # vLLM #1556 (PR #3347): ref counting on the copy-on-write path of `append_slot` went
         # wrong (there a double free); here the source keeps the writer's reference.
         src = req.table[-1]
-        dst = self._pop_free()
+        dst = self._take_block()
         req.table[-1] = dst
         return (src, dst)
 

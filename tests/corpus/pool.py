@@ -201,7 +201,7 @@ class PoolEngine(CorpusEngine[PoolRequest]):
         self._content[b] = content
         self._index.setdefault(key, {})[b] = None
 
-    def _publish_full_blocks(self, req: PoolRequest) -> None:
+    def _publish(self, req: PoolRequest) -> None:
         """Key and register every block of ``req`` that became full, continuing its chain."""
         parent = req.keys[-1] if req.keys else self._root
         for i in range(len(req.keys), len(req.tokens) // self.B):
@@ -228,7 +228,7 @@ class PoolEngine(CorpusEngine[PoolRequest]):
             self._queue.remove(b)
         self._ref[b] += 1
 
-    def _pop_free(self) -> int:
+    def _take_block(self) -> int:
         """Take the free queue's head for new content, evicting its key."""
         b = self._queue.popleft()
         if self._key[b] is not None:
@@ -267,7 +267,7 @@ class PoolEngine(CorpusEngine[PoolRequest]):
     def _copy_on_write(self, req: PoolRequest) -> tuple[int, int]:
         """Give ``req`` a private copy of its shared partial last block; returns ``(src, dst)``."""
         src = req.table[-1]
-        dst = self._pop_free()
+        dst = self._take_block()
         self._ref[src] -= 1
         req.table[-1] = dst
         return (src, dst)
@@ -289,27 +289,9 @@ class PoolEngine(CorpusEngine[PoolRequest]):
         hits = self._hits(token_list, extras, keys)
         total = spec.blocks_needed(len(token_list), self.B)
         self._take_hits(hits, total - len(hits), total)
-        table = hits + [self._pop_free() for _ in range(total - len(hits))]
+        table = hits + [self._take_block() for _ in range(total - len(hits))]
         req = PoolRequest(token_list, extras, table, keys[: len(hits)])
-        self._requests[rid] = req
-        self._publish_full_blocks(req)
-        return spec.Allocation(len(hits) * self.B, tuple(req.table))
-
-    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
-        """Decode: copy a shared partial last block, pop blocks as needed, key the full ones."""
-        req = self._live(request_id)
-        token_list = spec.check_tokens(tokens)
-        new_len = len(req.tokens) + len(token_list)
-        cow = self._needs_copy(req)
-        total = spec.blocks_needed(new_len, self.B)
-        grow = total - len(req.table)
-        if int(cow) + grow > len(self._queue):
-            raise spec.OutOfBlocks(int(cow) + grow, len(self._queue), self.N, total)
-        copies = [self._copy_on_write(req)] if cow else []
-        req.tokens.extend(token_list)
-        req.table.extend(self._pop_free() for _ in range(grow))
-        self._publish_full_blocks(req)
-        return spec.AppendResult(tuple(copies), tuple(req.table))
+        return self._admit(rid, req, len(hits))
 
     def fork(self, parent_id: spec.RequestId, child_id: spec.RequestId) -> None:
         """The child shares every block of the parent; nothing is copied until a write."""

@@ -210,25 +210,7 @@ class TreeEngine(CorpusEngine[TreeRequest]):
         self._lock(path)
         table = [n.block for n in path] + [self._take_block() for _ in range(need)]
         req = TreeRequest(token_list, extras, table, path[-1] if path else self.root, len(path))
-        self._requests[rid] = req
-        self._publish(req)
-        return spec.Allocation(len(path) * self.B, tuple(req.table))
-
-    def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
-        """Decode: copy a shared partial last page, take pages as needed, publish the full ones."""
-        req = self._live(request_id)
-        token_list = spec.check_tokens(tokens)
-        new_len = len(req.tokens) + len(token_list)
-        cow = self._needs_copy(req)
-        total = spec.blocks_needed(new_len, self.B)
-        need = int(cow) + total - len(req.table)
-        if need > self.num_free_blocks():
-            raise spec.OutOfBlocks(need, self.num_free_blocks(), self.N, total)
-        copies = [self._copy_on_write(req)] if cow else []
-        req.tokens.extend(token_list)
-        req.table.extend(self._take_block() for _ in range(total - len(req.table)))
-        self._publish(req)
-        return spec.AppendResult(tuple(copies), tuple(req.table))
+        return self._admit(rid, req, len(path))
 
     def fork(self, parent_id: spec.RequestId, child_id: spec.RequestId) -> None:
         """The child shares every page of the parent, its partial last page included."""
