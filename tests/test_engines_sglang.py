@@ -10,38 +10,26 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import os
 import types
 from array import array
 from typing import Any
 
 import pytest
+from engine_support import check_loaded, engine_adapters, skip_unless_available
 from pagedprefix.conformance.engines.sglang import unavailable_reason
 from pagedprefix.conformance.protocol.channels import channels_of, unreached
 from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
 from pagedprefix.spec import CacheConfig, Extras, LoRA, OutOfBlocks
 
-REASON = unavailable_reason()
-if REASON is not None and os.environ.get("PAGEDPREFIX_REQUIRE_ENGINES"):
-    raise RuntimeError(f"PAGEDPREFIX_REQUIRE_ENGINES is set but {REASON}")
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = skip_unless_available(unavailable_reason())
 
 
 def _sglang() -> types.ModuleType:
-    from pagedprefix.conformance.engines import sglang
-
-    return sglang
+    return engine_adapters("sglang")
 
 
 def test_loads_sglang_own_modules() -> None:
-    engine = _sglang()
-    loaded = engine.loaded()
-    assert loaded.version == "0.5.23"
-    import sglang.srt.mem_cache.radix_cache as radix_cache
-
-    assert radix_cache.__file__ is not None and radix_cache.__file__.endswith("mem_cache/radix_cache.py")
-    for item in loaded.installed:
-        assert item.real_error, item.stand_in.module
+    check_loaded("sglang", "0.5.23", "sglang.srt.mem_cache.radix_cache", "mem_cache/radix_cache.py")
 
 
 def test_req_concatenates_extra_key_and_lora_id() -> None:

@@ -7,11 +7,11 @@ and ``exact`` and the verdict rows are asserted.
 
 from __future__ import annotations
 
-import os
 import re
 import types
 
 import pytest
+from engine_support import check_loaded, engine_adapters, skip_unless_available
 from pagedprefix.conformance.engines.vllm import unavailable_reason
 from pagedprefix.conformance.generation._hybrid_scenarios import no_full_junction, two_full_sizes
 from pagedprefix.conformance.protocol import UnsupportedConfig
@@ -37,28 +37,15 @@ from pagedprefix.spec.extras import TAG_LORA, ExtraField
 
 WINDOW_OF_ONE = {"policy-hits", "policy-sharing", "retention-adequacy"}
 """The rows a one-token sliding window fails at ``lru``/``exact`` (docs/MATRIX.md explains them)."""
-REASON = unavailable_reason()
-if REASON is not None and os.environ.get("PAGEDPREFIX_REQUIRE_ENGINES"):
-    raise RuntimeError(f"PAGEDPREFIX_REQUIRE_ENGINES is set but {REASON}")
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = skip_unless_available(unavailable_reason())
 
 
 def _vllm() -> types.ModuleType:
-    from pagedprefix.conformance.engines import vllm
-
-    return vllm
+    return engine_adapters("vllm")
 
 
 def test_loads_real_cache_modules() -> None:
-    engine = _vllm()
-    loaded = engine.loaded()
-    assert loaded.version == "0.33.0"
-    import vllm.v1.core.block_pool as block_pool
-
-    assert block_pool.__file__ is not None and block_pool.__file__.endswith("vllm/v1/core/block_pool.py")
-    # Every stand-in was installed only because its real module failed to import.
-    for item in loaded.installed:
-        assert item.real_error, item.stand_in.module
+    check_loaded("vllm", "0.33.0", "vllm.v1.core.block_pool", "vllm/v1/core/block_pool.py")
 
 
 def test_operations_map_onto_vllm() -> None:
