@@ -26,6 +26,7 @@ from kernel_cases import (
     COPY_BLOCKS_ERRORS,
     WINDOW_ERRORS,
     WRITE_KV_ERRORS,
+    Case,
     attention_args,
     bad_inputs,
     copy_args,
@@ -193,22 +194,33 @@ def test_write_kv_rejects_bad_inputs(
     assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))  # nothing launched
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@bad_inputs(COPY_BLOCKS_ERRORS)
-def test_copy_blocks_rejects_bad_inputs(
-    backend: dispatch.Backend, overrides: dict[str, Any], error: type[errors.KernelError], message: str
-) -> None:
-    with pytest.raises(error, match=message):
-        kernels.copy_blocks(*copy_args(**overrides), backend=backend)
+ARGS_AND_ERRORS: dict[str, tuple[Callable[..., tuple[Any, ...]], list[Case]]] = {
+    "copy_blocks": (copy_args, COPY_BLOCKS_ERRORS),
+    "paged_attention": (attention_args, ATTENTION_ERRORS),
+}
+"""Kernel name -> (its valid arguments with overrides, its bad-input cases), for the kernels whose
+rejection is checked by the error alone."""
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@bad_inputs(ATTENTION_ERRORS)
-def test_paged_attention_rejects_bad_inputs(
-    backend: dispatch.Backend, overrides: dict[str, Any], error: type[errors.KernelError], message: str
+@pytest.mark.parametrize(
+    ("kernel", "overrides", "error", "message"),
+    [
+        pytest.param(name, *case[1:], id=f"{name}-{case[0]}")
+        for name, (_, cases) in ARGS_AND_ERRORS.items()
+        for case in cases
+    ],
+)
+def test_kernel_rejects_bad_inputs(
+    backend: dispatch.Backend,
+    kernel: str,
+    overrides: dict[str, Any],
+    error: type[errors.KernelError],
+    message: str,
 ) -> None:
+    make_args = ARGS_AND_ERRORS[kernel][0]
     with pytest.raises(error, match=message):
-        kernels.paged_attention(*attention_args(**overrides), backend=backend)
+        getattr(kernels, kernel)(*make_args(**overrides), backend=backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
