@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from broken_engines import declare_factories
 from pagedprefix.cluster import IndexerConfig, ReferenceIndexer
 from pagedprefix.cluster.indexer import Answers, SourceState
 from pagedprefix.cluster.prefix import longest_prefix
@@ -125,21 +126,11 @@ BROKEN = {
 }
 
 
-def _factory(cls: type[ReferenceIndexer]):  # type: ignore[no-untyped-def]
-    def make(config: IndexerConfig) -> ReferenceIndexer:
-        return cls(config)
-
-    return make
+def _indexer(cls: type[ReferenceIndexer], config: IndexerConfig) -> ReferenceIndexer:
+    return cls(config)
 
 
-clear_only_logged = _factory(ClearOnlyLogged)
-drops_unknown_parent = _factory(DropsUnknownParent)
-ignores_gaps = _factory(IgnoresGaps)
-ignores_restarts = _factory(IgnoresRestarts)
-applies_duplicates = _factory(AppliesDuplicates)
-no_copy_count = _factory(NoCopyCount)
-full_group_only = _factory(FullGroupOnly)
-answers_while_stale = _factory(AnswersWhileStale)
+declare_factories(globals(), _indexer, BROKEN)
 
 
 class HangsOnQuery(ReferenceIndexer):
@@ -152,7 +143,7 @@ class HangsOnQuery(ReferenceIndexer):
         return super().query(keys, num_tokens)
 
 
-hangs_on_query = _factory(HangsOnQuery)
+declare_factories(globals(), _indexer, {"hangs_on_query": HangsOnQuery})
 
 
 # ----- hostile candidates: they do not answer wrongly, they leave ----------------------------------
@@ -253,14 +244,17 @@ class SwallowsInterrupts(ReferenceIndexer):
         return super().query(keys, num_tokens)
 
 
-exits_on_events = _factory(ExitsOnEvents)
-swallows_interrupts = _factory(SwallowsInterrupts)
-interrupts_on_query = _factory(InterruptsOnQuery)
-generator_exit_on_resync = _factory(GeneratorExitOnResync)
-exits_in_its_answer = _factory(ExitsInItsAnswer)
-dies_on_events = _factory(DiesOnEvents)
-killed_on_query = _factory(KilledOnQuery)
-sleeps_in_query = _factory(SleepsInQuery)
+HOSTILE = {
+    "exits_on_events": ExitsOnEvents,
+    "swallows_interrupts": SwallowsInterrupts,
+    "interrupts_on_query": InterruptsOnQuery,
+    "generator_exit_on_resync": GeneratorExitOnResync,
+    "exits_in_its_answer": ExitsInItsAnswer,
+    "dies_on_events": DiesOnEvents,
+    "killed_on_query": KilledOnQuery,
+    "sleeps_in_query": SleepsInQuery,
+}
+declare_factories(globals(), _indexer, HOSTILE)
 
 
 def hangs_on_create(config: IndexerConfig) -> ReferenceIndexer:
