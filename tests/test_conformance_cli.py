@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 import typer
 from pagedprefix.conformance.cli import register
-from pagedprefix.conformance.protocol.adapters import impl_available
-from pagedprefix.conformance.running import vectors as V
-from pagedprefix.spec import CacheConfig
 from typer.testing import CliRunner
+from vector_support import user_case
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -70,14 +68,7 @@ def test_a_broken_engine_fails_with_the_property_and_counterexample(tmp_path: Pa
 
 
 def test_vectors_dir_runs_user_vectors(tmp_path: Path) -> None:
-    builder = V.CaseBuilder(
-        "mine/hit",
-        config=CacheConfig(2, 4),
-        profile="maximal",
-        section="4",
-        description="a user-written case",
-    )
-    builder.allocate("a", [1, 2, 3])
+    builder = user_case("mine/hit")
     builder.lookup([1, 2, 5])
     (tmp_path / "mine.json").write_text(V.dumps(V.vector_file("mine", "user vectors", [builder.build()])))
     code, text = conform("--engine", "spec", "--no-stateful", "--vectors", str(tmp_path))

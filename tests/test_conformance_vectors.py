@@ -14,6 +14,7 @@ from pagedprefix.conformance.protocol.adapters import impl, impl_available, spec
 from pagedprefix.conformance.protocol.codec import ERROR_KINDS, config_from_json
 from pagedprefix.conformance.running import vectors as V
 from pagedprefix.spec import CacheConfig
+from vector_support import user_case
 
 needs_impl = pytest.mark.skipif(not impl_available(), reason="pagedprefix.impl.BlockManager is not built yet")
 
@@ -168,14 +169,7 @@ def test_undeclared_capabilities_skip_cases_and_every_case_is_accounted_for() ->
 
 
 def test_extra_directories_run_user_vectors_and_report_bad_files(tmp_path: Path) -> None:
-    builder = V.CaseBuilder(
-        "user/hit",
-        config=CacheConfig(2, 4),
-        profile="maximal",
-        section="4",
-        description="a user-written case",
-    )
-    builder.allocate("a", [1, 2, 3])
+    builder = user_case("user/hit")
     builder.allocate("b", [1, 2, 4])
     doc = V.vector_file("user", "mine", [builder.build()])
     (tmp_path / "user.json").write_text(V.dumps(doc))
