@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import typer
 from pagedprefix.conformance.cli import register
+from pagedprefix.conformance.protocol.adapters import impl_available
+from pagedprefix.conformance.running import vectors as V
 from typer.testing import CliRunner
 from vector_support import user_case
 
