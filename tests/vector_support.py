@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedprefix.conformance import vectors as V
+from pagedprefix.conformance.running import vectors as V
 from pagedprefix.spec import CacheConfig
 
 
