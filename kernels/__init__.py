@@ -8,8 +8,9 @@ Each operation exists three times with the same signature and contract:
 
 - :mod:`.reference`: plain torch, the oracle;
 - :mod:`.triton_kernels`: Triton kernels (imported lazily; importing this package does not import Triton);
-  both are a :class:`._entry.KernelBackend`, which states the signature and validates every call once
-  (:mod:`._validation`), so the two differ only in their launches;
+  both are a :class:`._entry.KernelBackend`, which validates every call once (:mod:`._validation`), so
+  the two differ only in their launches; the signature is stated once, as the fields of an argument
+  class per operation (:mod:`._entry`);
 - the functions exported here (from :mod:`.dispatch`), which take an extra ``backend`` keyword
   (``"auto"``, ``"triton"`` or ``"reference"``); :func:`select_backend` tells what ``"auto"`` picks.
 

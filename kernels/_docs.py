@@ -2,8 +2,8 @@
 
 ``reference.py`` and ``triton_kernels.py`` expose ``write_kv``, ``copy_blocks`` and ``paged_attention``
 from one definition (``_entry.KernelBackend``), and ``dispatch.py`` with the same signature plus
-``backend``; :func:`contract` puts the same docstring on both definitions, after a one-line note that
-says which it is.
+``backend`` (both made by ``_entry.entry_point`` from one argument class per operation);
+:func:`contract` puts the same docstring on both, after a one-line note that says which it is.
 """
 
 from __future__ import annotations

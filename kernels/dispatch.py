@@ -18,18 +18,24 @@ CPU without it, and any other device         ``"reference"``
 ``TRITON_INTERPRET`` is read at call time here, but Triton itself reads it when the kernels are
 defined, i.e. on the first Triton call of the process: set it before that, and preferably before
 ``triton`` is imported at all.
+
+Each function here takes the parameters of the implementations plus ``backend``: it is made by
+:func:`._entry.entry_point` from the implementation's argument class extended by that one field
+(:class:`DispatchedAttention` and the like), and hands the call object to the chosen backend.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Literal, get_args
 
 import torch
 
 from . import _docs, reference
+from ._entry import AttentionCall, CopyBlocksCall, KernelBackend, WriteKVCall, entry_point
 from ._env import interpreter_requested
 from .errors import BackendUnavailableError, KernelDTypeError, show
 
@@ -97,67 +103,50 @@ _NOTE = (
 )
 
 
-@_docs.contract(_NOTE, _docs.WRITE_KV)
-def write_kv(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    *,
-    check_values: bool = True,
-    backend: Backend = "auto",
-) -> None:
-    chosen = resolve_backend(backend, _device_of(key, "key"))
-    impl = _triton_module() if chosen == "triton" else reference
-    impl.write_kv(key, value, key_cache, value_cache, slot_mapping, check_values=check_values)
+@dataclass(frozen=True, eq=False)
+class DispatchedWriteKV(WriteKVCall):
+    """A ``write_kv`` call through this module: its arguments and the ``backend`` to run it on."""
+
+    backend: Backend = field(default="auto", kw_only=True)
 
 
-@_docs.contract(_NOTE, _docs.COPY_BLOCKS)
-def copy_blocks(
-    key_caches: Sequence[torch.Tensor],
-    value_caches: Sequence[torch.Tensor],
-    pairs: torch.Tensor | Sequence[tuple[int, int]],
-    *,
-    check_values: bool = True,
-    backend: Backend = "auto",
-) -> None:
-    chosen = resolve_backend(backend, _first_cache_device(key_caches))
-    impl = _triton_module() if chosen == "triton" else reference
-    impl.copy_blocks(key_caches, value_caches, pairs, check_values=check_values)
+@dataclass(frozen=True, eq=False)
+class DispatchedCopyBlocks(CopyBlocksCall):
+    """A ``copy_blocks`` call through this module: its arguments and the ``backend`` to run it on."""
+
+    backend: Backend = field(default="auto", kw_only=True)
 
 
-@_docs.contract(_NOTE, _docs.PAGED_ATTENTION)
-def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    *,
-    sliding_window: int | None = None,
-    attention_chunk_size: int | None = None,
-    max_query_len: int | None = None,
-    num_splits: int | None = None,
-    check_values: bool = True,
-    backend: Backend = "auto",
-) -> torch.Tensor:
-    chosen = resolve_backend(backend, _device_of(query, "query"))
-    impl = _triton_module() if chosen == "triton" else reference
-    out: torch.Tensor = impl.paged_attention(
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        scale,
-        sliding_window=sliding_window,
-        attention_chunk_size=attention_chunk_size,
-        max_query_len=max_query_len,
-        num_splits=num_splits,
-        check_values=check_values,
-    )
-    return out
+@dataclass(frozen=True, eq=False)
+class DispatchedAttention(AttentionCall):
+    """A ``paged_attention`` call through this module: its arguments and the ``backend`` to run it on."""
+
+    backend: Backend = field(default="auto", kw_only=True)
+
+
+def _implementation(backend: object, device: torch.device) -> KernelBackend:
+    """The backend object that runs a call with this ``backend`` argument on ``device``."""
+    if resolve_backend(backend, device) == "reference":
+        return reference.BACKEND
+    chosen: KernelBackend = _triton_module().BACKEND
+    return chosen
+
+
+def run_write_kv(call: DispatchedWriteKV) -> None:
+    """Run ``call`` on the backend it names (``"auto"``: the one for the device of ``key``)."""
+    _implementation(call.backend, _device_of(call.key, "key")).run_write_kv(call)
+
+
+def run_copy_blocks(call: DispatchedCopyBlocks) -> None:
+    """Run ``call`` on the backend it names (``"auto"``: the one for the device of the first cache)."""
+    _implementation(call.backend, _first_cache_device(call.key_caches)).run_copy_blocks(call)
+
+
+def run_paged_attention(call: DispatchedAttention) -> torch.Tensor:
+    """Run ``call`` on the backend it names (``"auto"``: the one for the device of ``query``)."""
+    return _implementation(call.backend, _device_of(call.query, "query")).run_paged_attention(call)
+
+
+write_kv = entry_point(DispatchedWriteKV, run_write_kv, _NOTE, _docs.WRITE_KV)
+copy_blocks = entry_point(DispatchedCopyBlocks, run_copy_blocks, _NOTE, _docs.COPY_BLOCKS)
+paged_attention = entry_point(DispatchedAttention, run_paged_attention, _NOTE, _docs.PAGED_ATTENTION)

@@ -18,7 +18,7 @@ from ._validation import (
 )
 from .window import FULL_ATTENTION, AttentionWindow
 
-__all__ = ["copy_blocks", "paged_attention", "write_kv"]
+__all__ = ["BACKEND", "copy_blocks", "paged_attention", "write_kv"]
 
 
 class ReferenceBackend(KernelBackend):
@@ -63,10 +63,10 @@ class ReferenceBackend(KernelBackend):
             out[begin:end] = _dense(query, keys, values, problem.scale, problem.window, first)
 
 
-_BACKEND = ReferenceBackend()
-write_kv = _BACKEND.write_kv
-copy_blocks = _BACKEND.copy_blocks
-paged_attention = _BACKEND.paged_attention
+BACKEND = ReferenceBackend()
+write_kv = BACKEND.write_kv
+copy_blocks = BACKEND.copy_blocks
+paged_attention = BACKEND.paged_attention
 
 
 def gather_kv(

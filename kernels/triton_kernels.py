@@ -38,6 +38,7 @@ from .errors import BackendUnavailableError
 from .plan import AttentionPlan, plan_copy_blocks, plan_paged_attention, plan_write_kv
 
 __all__ = [
+    "BACKEND",
     "INTERPRETED",
     "attention_plan_for",
     "copy_blocks",
@@ -250,7 +251,7 @@ class TritonBackend(KernelBackend):
             )
 
 
-_BACKEND = TritonBackend()
-write_kv = _BACKEND.write_kv
-copy_blocks = _BACKEND.copy_blocks
-paged_attention = _BACKEND.paged_attention
+BACKEND = TritonBackend()
+write_kv = BACKEND.write_kv
+copy_blocks = BACKEND.copy_blocks
+paged_attention = BACKEND.paged_attention

@@ -100,13 +100,15 @@ def test_resolve_backend_rejects_unknown_names() -> None:
 
 
 def _record_calls(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, calls: list[str]) -> None:
-    original: Callable[..., Any] = getattr(module, name)
+    """Record in ``calls`` each call the dispatcher hands to method ``name`` of ``module.BACKEND``."""
+    backend = module.BACKEND
+    original: Callable[..., Any] = getattr(backend, name)
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         calls.append(module.__name__.rsplit(".", 1)[-1])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(backend, name, spy)
 
 
 @needs_triton
@@ -115,8 +117,8 @@ def test_auto_takes_the_path_select_backend_names(monkeypatch: pytest.MonkeyPatc
     assert tk is not None
     monkeypatch.setenv(_ENV, "1" if interpret else "0")
     calls: list[str] = []
-    _record_calls(monkeypatch, tk, "paged_attention", calls)
-    _record_calls(monkeypatch, reference, "paged_attention", calls)
+    _record_calls(monkeypatch, tk, "run_paged_attention", calls)
+    _record_calls(monkeypatch, reference, "run_paged_attention", calls)
     batch = small_batch()
     out = kernels.paged_attention(*batch.attention_args())
     expected = "triton_kernels" if interpret else "reference"
