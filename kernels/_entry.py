@@ -20,65 +20,29 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import KW_ONLY, dataclass
+from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 import torch
 
 from . import _docs
 from ._validation import (
-    AttentionArgs,
+    AttentionCall,
     AttentionProblem,
+    CopyBlocksCall,
     CopyBlocksProblem,
+    WriteKVCall,
     WriteKVProblem,
     check_copy_blocks,
     check_paged_attention,
     check_write_kv,
 )
 
-__all__ = ["AttentionCall", "CopyBlocksCall", "KernelBackend", "WriteKVCall", "entry_point"]
+__all__ = ["KernelBackend", "entry_point"]
 
 P = ParamSpec("P")
 CallT = TypeVar("CallT")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, eq=False)
-class WriteKVCall:
-    """The arguments of one ``write_kv`` call, as given (unchecked); the fields are its parameters."""
-
-    key: torch.Tensor
-    value: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    slot_mapping: torch.Tensor
-    _: KW_ONLY
-    check_values: bool = True
-
-
-@dataclass(frozen=True, eq=False)
-class CopyBlocksCall:
-    """The arguments of one ``copy_blocks`` call, as given (unchecked); the fields are its parameters."""
-
-    key_caches: Sequence[torch.Tensor]
-    value_caches: Sequence[torch.Tensor]
-    pairs: torch.Tensor | Sequence[tuple[int, int]]
-    _: KW_ONLY
-    check_values: bool = True
-
-
-@dataclass(frozen=True, eq=False)
-class AttentionCall(AttentionArgs):
-    """The arguments of one ``paged_attention`` call, as given (unchecked): the positional ones of
-    :class:`AttentionArgs`, then the keywords."""
-
-    _: KW_ONLY
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
-    max_query_len: int | None = None
-    num_splits: int | None = None
-    check_values: bool = True
 
 
 def entry_point(
@@ -159,14 +123,7 @@ class KernelBackend(ABC):
 
     def run_paged_attention(self, call: AttentionCall) -> torch.Tensor:
         """Validate and run one ``paged_attention`` call (the contract: :data:`._docs.PAGED_ATTENTION`)."""
-        problem = check_paged_attention(
-            *call.attention_args(),
-            call.max_query_len,
-            call.num_splits,
-            call.check_values,
-            call.sliding_window,
-            call.attention_chunk_size,
-        )
+        problem = check_paged_attention(call)
         self.prepare(problem.query.device)
         out = torch.empty(problem.query.shape, dtype=problem.query.dtype, device=problem.query.device)
         if problem.num_tokens > 0:

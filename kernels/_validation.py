@@ -5,6 +5,11 @@ argument, and returns the sizes the implementations need. Structural checks (typ
 devices, contiguity) are always done. Checks on the *contents* of index tensors (slots, block ids,
 sequence lengths) read them on the host, which synchronizes with the device; they run when
 ``check_values`` is true.
+
+The ``*Call`` classes (:class:`WriteKVCall`, :class:`CopyBlocksCall`, :class:`AttentionCall`) hold the
+arguments of one call as given: their fields are the parameters of the public functions
+(:func:`._entry.entry_point`). A ``check_*`` function turns arguments into a ``*Problem``, the validated
+call the launches read.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -180,6 +185,19 @@ def check_scale(scale: object) -> float:
 
 
 @dataclass(frozen=True, eq=False)
+class WriteKVCall:
+    """The arguments of one ``write_kv`` call, as given (unchecked); the fields are its parameters."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    _: KW_ONLY
+    check_values: bool = True
+
+
+@dataclass(frozen=True, eq=False)
 class WriteKVProblem:
     """One validated ``write_kv`` call: its tensors and sizes."""
 
@@ -255,6 +273,17 @@ def check_write_kv(
 # --------------------------------------------------------------------------------------------------
 # copy_blocks
 # --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class CopyBlocksCall:
+    """The arguments of one ``copy_blocks`` call, as given (unchecked); the fields are its parameters."""
+
+    key_caches: Sequence[torch.Tensor]
+    value_caches: Sequence[torch.Tensor]
+    pairs: torch.Tensor | Sequence[tuple[int, int]]
+    _: KW_ONLY
+    check_values: bool = True
 
 
 @dataclass(frozen=True)
@@ -394,6 +423,19 @@ class AttentionArgs:
 
 
 @dataclass(frozen=True, eq=False)
+class AttentionCall(AttentionArgs):
+    """The arguments of one ``paged_attention`` call, as given (unchecked): the positional ones of
+    :class:`AttentionArgs`, then the keywords."""
+
+    _: KW_ONLY
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    max_query_len: int | None = None
+    num_splits: int | None = None
+    check_values: bool = True
+
+
+@dataclass(frozen=True, eq=False)
 class AttentionProblem(AttentionArgs):
     """One validated ``paged_attention`` call: its arguments (``scale`` as a float), sizes and window."""
 
@@ -420,27 +462,15 @@ class AttentionProblem(AttentionArgs):
         return self.max_blocks_per_req * self.block_size
 
 
-def check_paged_attention(
-    query: object,
-    key_cache: object,
-    value_cache: object,
-    block_table: object,
-    seq_lens: object,
-    query_start_loc: object,
-    scale: object,
-    max_query_len: object,
-    num_splits: object,
-    check_values: bool,
-    sliding_window: object = None,
-    attention_chunk_size: object = None,
-) -> AttentionProblem:
-    """Validate the arguments of ``paged_attention``; see its docstring for the contract."""
-    check_values = check_flag("check_values", check_values)
-    q = _tensor("query", query)
-    kc, vc = _check_cache_pair("key_cache", key_cache, "value_cache", value_cache)
-    table = _tensor("block_table", block_table)
-    lens = _tensor("seq_lens", seq_lens)
-    starts = _tensor("query_start_loc", query_start_loc)
+def check_paged_attention(call: AttentionCall) -> AttentionProblem:
+    """Validate the arguments of a ``paged_attention`` call (any values, whatever the field types
+    say); see its docstring for the contract."""
+    check_values = check_flag("check_values", call.check_values)
+    q = _tensor("query", call.query)
+    kc, vc = _check_cache_pair("key_cache", call.key_cache, "value_cache", call.value_cache)
+    table = _tensor("block_table", call.block_table)
+    lens = _tensor("seq_lens", call.seq_lens)
+    starts = _tensor("query_start_loc", call.query_start_loc)
 
     _ndim("query", q, 3, "[total_query_tokens, num_q_heads, head_dim]")
     _ndim("block_table", table, 2, "[num_reqs, max_blocks_per_req]")
@@ -475,9 +505,10 @@ def check_paged_attention(
             ("query_start_loc", starts),
         ]
     )
-    scale_value = check_scale(scale)
-    window = check_window(sliding_window, attention_chunk_size)
-    splits = None if num_splits is None else _int_arg("num_splits", num_splits, 1)
+    scale_value = check_scale(call.scale)
+    window = check_window(call.sliding_window, call.attention_chunk_size)
+    splits = None if call.num_splits is None else _int_arg("num_splits", call.num_splits, 1)
+    max_query_len = call.max_query_len
     if max_query_len is not None:
         max_query_len = _int_arg("max_query_len", max_query_len, 0)
         if max_query_len > num_tokens:

@@ -35,8 +35,9 @@ from typing import Literal, get_args
 import torch
 
 from . import _docs, reference
-from ._entry import AttentionCall, CopyBlocksCall, KernelBackend, WriteKVCall, entry_point
+from ._entry import KernelBackend, entry_point
 from ._env import interpreter_requested
+from ._validation import AttentionCall, CopyBlocksCall, WriteKVCall
 from .errors import BackendUnavailableError, KernelDTypeError, show
 
 __all__ = [
