@@ -196,6 +196,10 @@ class TritonBackend(KernelBackend):
             part_out = part_max = part_sum = out
         upcast = INTERPRETED
         dot_precision = "ieee" if upcast or query.dtype == torch.float32 else "tf32"
+        # What the attention kernel and the kernel that combines its splits agree on: the output's
+        # strides and heads, and how its query heads are grouped and padded.
+        out_layout = (out.stride(0), out.stride(1), problem.num_q_heads, problem.head_dim)
+        heads = {"GROUP": plan.group, "GROUP_PAD": plan.group_pad, "HEAD_PAD": plan.head_pad}
         jit.paged_attention_kernel[plan.grid](
             query,
             key_cache,
@@ -211,27 +215,22 @@ class TritonBackend(KernelBackend):
             *query.stride(),
             *key_cache.stride()[:3],
             problem.block_table.stride(0),
-            out.stride(0),
-            out.stride(1),
-            problem.num_q_heads,
-            problem.head_dim,
+            *out_layout,
             problem.block_size,
             plan.q_tiles,
             plan.tiles_per_split,
             plan.num_splits,
             window.size,
             WINDOW_KIND=_WINDOW_KINDS[window.kind],
-            GROUP=plan.group,
-            GROUP_PAD=plan.group_pad,
             BLOCK_Q=plan.block_q,
             BLOCK_M=plan.block_m,
             BLOCK_N=plan.block_n,
-            HEAD_PAD=plan.head_pad,
             SPLIT=split,
             UPCAST=upcast,
             DOT_PRECISION=dot_precision,
             num_warps=plan.num_warps,
             num_stages=plan.num_stages,
+            **heads,
         )
         if plan.combine_grid is not None:
             jit.combine_splits_kernel[plan.combine_grid](
@@ -239,15 +238,10 @@ class TritonBackend(KernelBackend):
                 part_max,
                 part_sum,
                 out,
-                out.stride(0),
-                out.stride(1),
-                problem.num_q_heads,
-                problem.head_dim,
+                *out_layout,
                 plan.num_splits,
-                GROUP=plan.group,
-                GROUP_PAD=plan.group_pad,
-                HEAD_PAD=plan.head_pad,
                 num_warps=4,
+                **heads,
             )
 
 
