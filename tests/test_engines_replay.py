@@ -4,21 +4,19 @@ equal to the spec) on a Mooncake slice, through the API and through ``pagedprefi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_support import skip_unless_available
+from pagedprefix.conformance.engines.vllm import unavailable_reason
 from pagedprefix.replay.engines import load_factory
 from pagedprefix.replay.sim import ReplayConfig, run_replay
 from pagedprefix.replay.trace import load_trace
-from test_engines_vllm import REASON
 
-if REASON is not None and os.environ.get("PAGEDPREFIX_REQUIRE_ENGINES"):
-    raise RuntimeError(f"PAGEDPREFIX_REQUIRE_ENGINES is set but {REASON}")
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = skip_unless_available(unavailable_reason())
 
 
 @pytest.mark.parametrize("num_blocks", [600, 4000])
