@@ -32,12 +32,10 @@ declare ``events`` (each is the spec recording its events, with one fault in the
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from functools import partial
-from typing import TypeVar
 
-from pagedprefix.conformance.protocol import PrefixCacheAdapter
+from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
 from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import (
     NO_EXTRAS,
@@ -266,65 +264,37 @@ class SharedNumberingAdapter(SpecShapedAdapter):
         return [EventBatch(next(self.numbers), b.events) for b in super().take_events()]
 
 
-F = TypeVar("F")
-C = TypeVar("C")
-E = TypeVar("E")
+def _events_factory(
+    cls: type[SpecCache], adapter: type[SpecShapedAdapter] = SpecShapedAdapter
+) -> AdapterFactory:
+    def factory(config: CacheConfig) -> PrefixCacheAdapter:
+        return adapter(cls.create(config, events=True), spec_capabilities(config, groups=False, events=True))
 
-
-def factory_of(build: Callable[[F, C], E], fault: F) -> Callable[[C], E]:
-    """The factory ``config -> build(fault, config)``, named after ``fault`` (for reports)."""
-
-    def factory(config: C) -> E:
-        return build(fault, config)
-
-    factory.__name__ = getattr(fault, "__name__", factory.__name__)
+    factory.__name__ = cls.__name__
     return factory
 
 
-def declare_factories(
-    namespace: MutableMapping[str, object], build: Callable[[F, C], E], table: Mapping[str, F]
-) -> None:
-    """Bind ``namespace[name]`` to ``factory_of(build, fault)`` for each ``name -> fault`` of
-    ``table``: the one way the broken-engine and broken-indexer modules declare their factories
-    (``module:name`` is what ``--engine`` and ``--indexer`` load). It lives here because this
-    module must stand alone (tests/test_conformance_determinism.py runs a copy of it)."""
-    for name, fault in table.items():
-        namespace[name] = factory_of(build, fault)
+def _factory(cls: type[SpecCache]) -> AdapterFactory:
+    def factory(config: CacheConfig) -> PrefixCacheAdapter:
+        cache = cls.create(config)
+        return SpecShapedAdapter(cache, spec_capabilities(config, groups=False))
+
+    factory.__name__ = cls.__name__
+    return factory
 
 
-def _spec_engine(cls: type[SpecCache], config: CacheConfig) -> PrefixCacheAdapter:
-    return SpecShapedAdapter(cls.create(config), spec_capabilities(config, groups=False))
-
-
-def _events_engine(
-    cls: type[SpecCache], config: CacheConfig, adapter: type[SpecShapedAdapter] = SpecShapedAdapter
-) -> PrefixCacheAdapter:
-    return adapter(cls.create(config, events=True), spec_capabilities(config, groups=False, events=True))
-
-
-BROKEN: dict[str, type[SpecCache]] = {
-    "ignores_salt": IgnoresSalt,
-    "evicts_in_use": EvictsInUse,
-    "skips_cow": SkipsCow,
-    "frees_forward": FreesForward,
-    "dirty_oob": DirtyOutOfBlocks,
-    "forgets_on_free": ForgetsOnFree,
-}
-"""The cache faults, each wrapped as a spec-shaped engine."""
-
-BROKEN_EVENTS: dict[str, type[SpecCache]] = {
-    "silent_eviction": SilentEviction,
-    "no_clear_on_reset": NoClearOnReset,
-    "root_parent": RootParent,
-    "drops_duplicates": DropsDuplicates,
-    "bare_extras": BareExtras,
-}
-"""The event faults in the cache, each wrapped as a spec-shaped engine recording its events."""
-
-declare_factories(globals(), _spec_engine, BROKEN)
-declare_factories(globals(), _events_engine, BROKEN_EVENTS)
-# The fault is in the adapter, not the cache.
-shared_numbering = factory_of(partial(_events_engine, adapter=SharedNumberingAdapter), SpecCache)
+ignores_salt = _factory(IgnoresSalt)
+evicts_in_use = _factory(EvictsInUse)
+skips_cow = _factory(SkipsCow)
+frees_forward = _factory(FreesForward)
+dirty_oob = _factory(DirtyOutOfBlocks)
+forgets_on_free = _factory(ForgetsOnFree)
+silent_eviction = _events_factory(SilentEviction)
+no_clear_on_reset = _events_factory(NoClearOnReset)
+root_parent = _events_factory(RootParent)
+drops_duplicates = _events_factory(DropsDuplicates)
+shared_numbering = _events_factory(SpecCache, SharedNumberingAdapter)
+bare_extras = _events_factory(BareExtras)
 
 # engine -> (profile it is run at, the property that must fail first). Ignoring the salt shows
 # either as a hit on another tenant's block (hit-content) or, under dedup_on_full, as the other

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from broken_engines import declare_factories
-from pagedprefix.conformance.protocol import PrefixCacheAdapter
+from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
 from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import (
     NO_EXTRAS,
@@ -192,27 +191,27 @@ class LookupHidesPending(HybridSpecCache):
             self.pending = pending
 
 
-def _hybrid_engine(cls: type[HybridSpecCache], config: CacheConfig) -> PrefixCacheAdapter:
-    if not is_hybrid(config.groups, config.block_size):  # the fault is in the hybrid path only
-        return SpecShapedAdapter(SpecCache.create(config), spec_capabilities(config))
-    return SpecShapedAdapter(cls.create(config), spec_capabilities(config))  # type: ignore[arg-type]
+def _factory(cls: type[HybridSpecCache]) -> AdapterFactory:
+    def factory(config: CacheConfig) -> PrefixCacheAdapter:
+        if not is_hybrid(config.groups, config.block_size):  # the fault is in the hybrid path only
+            return SpecShapedAdapter(SpecCache.create(config), spec_capabilities(config))
+        return SpecShapedAdapter(cls.create(config), spec_capabilities(config))  # type: ignore[arg-type]
+
+    factory.__name__ = cls.__name__
+    return factory
 
 
-BROKEN: dict[str, type[HybridSpecCache]] = {
-    "h1_attention_only_hit": AttentionOnlyHit,
-    "h2_no_last_token_cap": NoLastTokenCap,
-    "h3_eager_window_release": EagerWindowRelease,
-    "h4_no_deferral": NoDeferral,
-    "h5_interleaved_admission": InterleavedAdmission,
-    "h6_leaky_release": LeakyRelease,
-    "h7_dirty_refusal": DirtyRefusal,
-    "forgets_junction": ForgetsJunction,
-    "no_replay_tail": NoReplayTail,
-    "lookup_hides_pending": LookupHidesPending,
-}
-"""Every hybrid fault, each wrapped as a spec-shaped engine (the plain spec below hybrid groups)."""
+h1_attention_only_hit = _factory(AttentionOnlyHit)
+h2_no_last_token_cap = _factory(NoLastTokenCap)
+h3_eager_window_release = _factory(EagerWindowRelease)
+h4_no_deferral = _factory(NoDeferral)
+h5_interleaved_admission = _factory(InterleavedAdmission)
+h6_leaky_release = _factory(LeakyRelease)
+h7_dirty_refusal = _factory(DirtyRefusal)
 
-declare_factories(globals(), _hybrid_engine, BROKEN)
+forgets_junction = _factory(ForgetsJunction)
+no_replay_tail = _factory(NoReplayTail)
+lookup_hides_pending = _factory(LookupHidesPending)
 
 EXPECTED_MAXIMAL: dict[str, str] = {
     "forgets_junction": "retention-adequacy",

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from broken_engines import declare_factories
 from pagedprefix.cluster import IndexerConfig, ReferenceIndexer
 from pagedprefix.cluster.indexer import Answers, SourceState
 from pagedprefix.cluster.prefix import longest_prefix
@@ -126,11 +125,21 @@ BROKEN = {
 }
 
 
-def _indexer(cls: type[ReferenceIndexer], config: IndexerConfig) -> ReferenceIndexer:
-    return cls(config)
+def _factory(cls: type[ReferenceIndexer]):  # type: ignore[no-untyped-def]
+    def make(config: IndexerConfig) -> ReferenceIndexer:
+        return cls(config)
+
+    return make
 
 
-declare_factories(globals(), _indexer, BROKEN)
+clear_only_logged = _factory(ClearOnlyLogged)
+drops_unknown_parent = _factory(DropsUnknownParent)
+ignores_gaps = _factory(IgnoresGaps)
+ignores_restarts = _factory(IgnoresRestarts)
+applies_duplicates = _factory(AppliesDuplicates)
+no_copy_count = _factory(NoCopyCount)
+full_group_only = _factory(FullGroupOnly)
+answers_while_stale = _factory(AnswersWhileStale)
 
 
 class HangsOnQuery(ReferenceIndexer):
@@ -143,7 +152,7 @@ class HangsOnQuery(ReferenceIndexer):
         return super().query(keys, num_tokens)
 
 
-declare_factories(globals(), _indexer, {"hangs_on_query": HangsOnQuery})
+hangs_on_query = _factory(HangsOnQuery)
 
 
 # ----- hostile candidates: they do not answer wrongly, they leave ----------------------------------
@@ -244,17 +253,14 @@ class SwallowsInterrupts(ReferenceIndexer):
         return super().query(keys, num_tokens)
 
 
-HOSTILE = {
-    "exits_on_events": ExitsOnEvents,
-    "swallows_interrupts": SwallowsInterrupts,
-    "interrupts_on_query": InterruptsOnQuery,
-    "generator_exit_on_resync": GeneratorExitOnResync,
-    "exits_in_its_answer": ExitsInItsAnswer,
-    "dies_on_events": DiesOnEvents,
-    "killed_on_query": KilledOnQuery,
-    "sleeps_in_query": SleepsInQuery,
-}
-declare_factories(globals(), _indexer, HOSTILE)
+exits_on_events = _factory(ExitsOnEvents)
+swallows_interrupts = _factory(SwallowsInterrupts)
+interrupts_on_query = _factory(InterruptsOnQuery)
+generator_exit_on_resync = _factory(GeneratorExitOnResync)
+exits_in_its_answer = _factory(ExitsInItsAnswer)
+dies_on_events = _factory(DiesOnEvents)
+killed_on_query = _factory(KilledOnQuery)
+sleeps_in_query = _factory(SleepsInQuery)
 
 
 def hangs_on_create(config: IndexerConfig) -> ReferenceIndexer:
