@@ -352,11 +352,8 @@ class SpecCache(BlockPool[BlockContent, Request]):
     def snapshot(self) -> Snapshot:
         """Every observable of the current state (see :class:`Snapshot`)."""
         return Snapshot(
-            ref_cnt=tuple(b.ref_cnt for b in self.blocks),
-            block_hash=tuple(b.block_hash for b in self.blocks),
+            **self._pool_view(),
             contents=tuple(b.content for b in self.blocks),
-            free_block_queue=tuple(self.free_block_queue),
-            cached=self._cached_view(),
             requests=tuple(
                 (rid, tuple(r.tokens), r.extras, tuple(r.block_table)) for rid, r in self._live_requests()
             ),

@@ -709,10 +709,7 @@ class HybridSpecCache(BlockPool[Content, HybridRequest]):
     def snapshot(self) -> HybridSnapshot:
         """Every observable of the current state (see :class:`HybridSnapshot`)."""
         return HybridSnapshot(
-            ref_cnt=tuple(b.ref_cnt for b in self.blocks),
-            block_hash=tuple(b.block_hash for b in self.blocks),
-            free_block_queue=tuple(self.free_block_queue),
-            cached=self._cached_view(),
+            **self._pool_view(),
             requests=tuple(
                 (rid, tuple(r.tokens), r.extras, frozen(r.tables)) for rid, r in self._live_requests()
             ),

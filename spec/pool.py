@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 from .arith import capacity
 from .checks import RequestId, check_block_id, check_key, check_request_id, request_sort_key
@@ -31,6 +31,17 @@ C = TypeVar("C")
 R = TypeVar("R", bound="PoolRequest")
 """A live request."""
 P = TypeVar("P", bound="BlockPool[Any, Any]")
+
+
+class PoolView(TypedDict):
+    """The pool's part of a snapshot, the same for every cache: ``ref_cnt`` and ``block_hash`` per
+    block id, the ``free_block_queue`` head first, and the cached index as ``(key, blocks in
+    insertion order)`` pairs sorted by key."""
+
+    ref_cnt: tuple[int, ...]
+    block_hash: tuple[bytes | None, ...]
+    free_block_queue: tuple[int, ...]
+    cached: tuple[tuple[bytes, tuple[int, ...]], ...]
 
 
 @dataclass(slots=True)
@@ -266,6 +277,11 @@ class BlockPool(Generic[C, R]):
         """The live requests in :meth:`request_ids` order (for a snapshot)."""
         return sorted(self.requests.items(), key=lambda kv: request_sort_key(kv[0]))
 
-    def _cached_view(self) -> tuple[tuple[bytes, tuple[int, ...]], ...]:
-        """The cached index as sorted ``(key, blocks)`` pairs (for a snapshot)."""
-        return tuple(sorted((k, tuple(v)) for k, v in self.cached.items()))
+    def _pool_view(self) -> PoolView:
+        """The pool's part of a snapshot (:class:`PoolView`)."""
+        return PoolView(
+            ref_cnt=tuple(b.ref_cnt for b in self.blocks),
+            block_hash=tuple(b.block_hash for b in self.blocks),
+            free_block_queue=tuple(self.free_block_queue),
+            cached=tuple(sorted((k, tuple(v)) for k, v in self.cached.items())),
+        )
