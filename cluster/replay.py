@@ -42,8 +42,8 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from pagedprefix.impl import BlockManager
 from pagedprefix.replay.bound import prefix_hit_bound
@@ -52,6 +52,7 @@ from pagedprefix.replay.sim import (
     Executor,
     ProgressFn,
     ReplayConfig,
+    ReplayCounts,
     ReplayResult,
     Scheduler,
     decode_starts,
@@ -237,12 +238,12 @@ class Replica:
         return ReplicaView(cached, in_use, len(self.sched.waiting) + len(self.sched.running))
 
 
-@dataclass
-class ClusterResult:
-    """What one cluster replay measured; :meth:`row` flattens it for CSV and JSON."""
+@dataclass(kw_only=True)
+class ClusterResult(ReplayCounts):
+    """What one cluster replay measured: the replay's counts over all replicas
+    (:class:`~pagedprefix.replay.sim.ReplayCounts`) and the cluster's own; :meth:`row` flattens it
+    for CSV and JSON."""
 
-    engine: str
-    trace: str
     replicas: int
     router: str
     lam: float
@@ -251,39 +252,19 @@ class ClusterResult:
     restarts: str
     indexer: str
     heartbeat: bool
-    block_size: int
-    num_blocks: int
-    max_running: int
     step_ms: float
-    requests: int = 0
-    admitted: int = 0
-    completed: int = 0
-    rejected: int = 0
-    aborted: int = 0
-    preemptions: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    bound_token_hit_rate: float | None = None
     load_imbalance: float = 1.0
     requests_per_replica: str = ""
-    evictions: int | None = None
-    peak_blocks_in_use: int = 0
     batches_published: int = 0
     batches_dropped: int = 0
     resyncs: int = 0
     stale_decisions: int | None = None
     misroutes: int | None = None
     oracle_token_hit_rate: float | None = None
-    steps: int = 0
-    wall_s: float = 0.0
-    hits: list[int] = field(default_factory=list)
-    """Per request (trace order): hit tokens at its first admission, ``-1`` if never admitted."""
     routes: list[int] = field(default_factory=list)
     """Per request: the replica it was routed to."""
 
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    NOT_FLAT: ClassVar[tuple[str, ...]] = ("hits", "routes")
 
     @property
     def prefill_tokens_saved(self) -> int:
@@ -297,8 +278,7 @@ class ClusterResult:
         return self.oracle_token_hit_rate - self.token_hit_rate
 
     def row(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("hits", "routes")}
-        out["token_hit_rate"] = self.token_hit_rate
+        out = super().row()
         out["prefill_tokens_saved"] = self.prefill_tokens_saved
         out["hit_rate_lost"] = self.hit_rate_lost
         return out

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pagedprefix.spec import (
     MAX_NUM_BLOCKS,
@@ -165,39 +165,63 @@ def unbounded_blocks(requests: Sequence[TraceRequest], config: ReplayConfig) -> 
     return max(total, 1)
 
 
-@dataclass
-class ReplayResult:
-    """What one replay measured. Rates are properties; :meth:`row` flattens it for CSV/JSON."""
+@dataclass(kw_only=True)
+class ReplayCounts:
+    """What every replay measures, of one engine (:class:`ReplayResult`) or of a cluster of
+    replicas (:class:`pagedprefix.cluster.replay.ClusterResult`): the scheduler's request counts,
+    prompt and hit tokens (a request's hit is that of its first admission), the pool's peak, the
+    steps and the wall time. Rates are properties; :meth:`row` flattens it for CSV and JSON."""
 
     engine: str
     trace: str
     block_size: int
     num_blocks: int
-    unbounded: bool
     max_running: int
-    decode_chunk: int
-    samples: int
     requests: int = 0
     admitted: int = 0
     completed: int = 0
     rejected: int = 0
     aborted: int = 0
-    delayed: int = 0
     preemptions: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
+    evictions: int | None = None
+    peak_blocks_in_use: int = 0
+    steps: int = 0
+    wall_s: float = 0.0
+    bound_token_hit_rate: float | None = None
+    hits: list[int] = field(default_factory=list)
+    """Per request (trace order): hit tokens at first admission, ``-1`` if never admitted."""
+
+    NOT_FLAT: ClassVar[tuple[str, ...]] = ("hits",)
+    """The fields :meth:`row` leaves out (per-request lists, nested results)."""
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def row(self) -> dict[str, Any]:
+        """Flat fields (none of :attr:`NOT_FLAT`), with the rates, for CSV and JSON."""
+        out = {k: v for k, v in asdict(self).items() if k not in self.NOT_FLAT}
+        out["token_hit_rate"] = self.token_hit_rate
+        return out
+
+
+@dataclass(kw_only=True)
+class ReplayResult(ReplayCounts):
+    """What one replay of one engine measured (the counts of :class:`ReplayCounts` and these)."""
+
+    unbounded: bool
+    decode_chunk: int
+    samples: int
+    delayed: int = 0
     prompt_blocks: int = 0
     hit_blocks: int = 0
     decode_tokens: int = 0
-    evictions: int | None = None
     spec_evictions: int | None = None
-    peak_blocks_in_use: int = 0
     cow_copies: int = 0
     operations: int = 0
-    steps: int = 0
-    wall_s: float = 0.0
     mean_wait_ms: float | None = None
-    bound_token_hit_rate: float | None = None
     bound_block_hit_rate: float | None = None
     groups: str = ""
     """The hybrid groups (``full(16)+sliding(128,16)``), ``""`` for the one full group."""
@@ -207,22 +231,16 @@ class ReplayResult:
     gone, when the replay ends (engines with ``orphans()``: the hybrid spec and impl)."""
     orphans_peak: int | None = None
     """The most orphans seen at once, sampled every :data:`ORPHAN_SAMPLE` finished requests."""
-    hits: list[int] = field(default_factory=list)
-    """Per request (trace order): hit tokens at first admission, ``-1`` if never admitted."""
     divergence: Divergence | None = None
 
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    NOT_FLAT: ClassVar[tuple[str, ...]] = ("hits", "divergence")
 
     @property
     def block_hit_rate(self) -> float:
         return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
 
     def row(self) -> dict[str, Any]:
-        """Flat fields (no per-request list), with the rates, for CSV and JSON."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("hits", "divergence")}
-        out["token_hit_rate"] = self.token_hit_rate
+        out = super().row()
         out["block_hit_rate"] = self.block_hit_rate
         out["diverged"] = self.divergence is not None
         return out
