@@ -47,7 +47,7 @@ def test_renaming_is_one_bijection_for_the_whole_run() -> None:
 def test_first_error_follows_the_spec_precedence(step: dict[str, Any], want: str | None) -> None:
     from pagedprefix.conformance.judging.judge import Req
 
-    live = {"a": Req([1], Extras(), [0])}
+    live = {"a": Req([1], Extras(), [[0]])}
     assert first_error(step, live) == want
 
 

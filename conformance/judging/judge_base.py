@@ -1,4 +1,4 @@
-"""What every judge does the same way, whatever its KV-cache groups.
+"""The judge's skeleton, whatever its KV-cache groups.
 
 A run is judged step by step: :meth:`JudgeBase.start` checks the fresh engine, :meth:`JudgeBase.check`
 each operation — crashes and error kinds on input alone (:func:`first_error`), a failed operation's
@@ -7,10 +7,11 @@ content every live request reads, held blocks and pool accounting, the event str
 ``core`` the comparison with the spec's expectation. The identities of what was written (a token
 with its whole history) and the renaming of physical ids are shared as well.
 
-What depends on the groups is data and a few hooks: the property names and messages of a family
-(:attr:`JudgeBase.ACCOUNTING`, ...), the observation fields of the tables, and the per-group
-model of :class:`~pagedprefix.conformance.judging.judge.Judge` (one full-attention group, SEMANTICS.md
-sections 1-7) and :class:`~pagedprefix.conformance.judging.hybrid_judge.HybridJudge` (section 8).
+What depends on the groups is data: the property names and the observation's shape
+(:class:`~pagedprefix.conformance.judging.properties.Names`: ``ONE_GROUP`` for the one
+full-attention group of SEMANTICS.md sections 1-7, ``HYBRID_GROUPS`` for section 8), and the
+per-group model and operation rules of :class:`~pagedprefix.conformance.judging.judge.Judge`
+that the hooks below name.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Container, Iterator
-from typing import Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 from pagedprefix.spec import (
     CacheConfig,
@@ -34,7 +36,7 @@ from pagedprefix.spec.extras import canonical_mm_items
 from ..protocol.codec import Json, error_kind, extras_from_json
 from .driver import Observation, Outcome, Step, describe_step
 from .event_check import EventChecker, Keyed
-from .properties import Violation, at_least
+from .properties import Names, Violation, at_least
 
 
 class Lost(Exception):
@@ -122,42 +124,36 @@ def _items_text(items: tuple[tuple[str, int], ...]) -> str:
     return ", ".join(f"{ident!r} (length {n})" for ident, n in items) or "none"
 
 
-class Reading(Protocol):
-    """What the judge knows of a live request's content: its tokens, extras and the identity of
-    each position."""
+Tables = list[list[int | None]]
+"""A request's tables, one per group (``None``: an entry not held)."""
+
+
+@dataclass
+class Req:
+    """A live request as the judge knows it: its tokens, extras, one table per group and the
+    identity of each position."""
 
     tokens: list[int]
     extras: Extras
-    idents: list[int]
+    tables: Tables
+    idents: list[int] = field(default_factory=list)
+    hit: int = 0
+    """The admission's hit: entries it skipped were never computed by this request."""
+    inherited: int = 0
+    """Tokens a fork child got from its parent: their states were keyed by the parent, not by the
+    child (dropped with the parent's pending keys when it is freed before ``new_step``)."""
 
 
-R = TypeVar("R", bound=Reading)
+class JudgeBase:
+    """The judge of one run at one profile level, for any list of groups; ``names`` are what the
+    config calls its properties and observations. The per-group model and the rule of each
+    operation are the hooks below (:class:`~pagedprefix.conformance.judging.judge.Judge`).
+    ``disabled``: properties whose violation raises :class:`Lost` instead of :class:`Violation`
+    (the stateful runner uses it to look past a known failure)."""
 
-
-class JudgeBase(Generic[R]):
-    """The judge of one run at one profile level, for any list of groups; subclasses give the
-    per-group model (what an operation writes, which entries a request reads) and the property
-    names below. ``disabled``: properties whose violation raises :class:`Lost` instead of
-    :class:`Violation` (the stateful runner uses it to look past a known failure)."""
-
-    STATE_FIELDS: tuple[str, ...]
-    """The observations a failed operation must leave unchanged."""
-    TABLES: str
-    """The observation of the live requests' tables, and the name of one request's tables."""
-    TABLE_NAME: str
-    ALLOWED_ERRORS: ClassVar[dict[str, tuple[str, ...]]]
-    """The errors an operation may raise on valid input (capacity, publication)."""
-    ACCOUNTING: str
-    """The property of pool accounting, of a held block in the free queue, of failure atomicity."""
-    HELD: str
-    ATOMIC: str
-    IN_QUEUE: str
-    """Messages: a held block in the free queue; a free queue that is not the unreferenced set
-    (``str.format`` fields ``b``, ``rid``, ``queue``, ``unused``)."""
-    NOT_UNREFERENCED: str
-
-    def __init__(self, config: CacheConfig, level: str, disabled: frozenset[str]) -> None:
+    def __init__(self, config: CacheConfig, level: str, disabled: frozenset[str], names: Names) -> None:
         self.config = config
+        self.names = names
         self.B = config.block_size
         self.N = config.num_blocks
         self.level = level
@@ -168,7 +164,7 @@ class JudgeBase(Generic[R]):
         self.events: EventChecker | None = None
         self._keyed: Keyed | None = None
         self.engine_pops = 0
-        self.live: dict[RequestId, R] = {}
+        self.live: dict[RequestId, Req] = {}
         self.renaming = Renaming()
         self.prev: Observation = {}
         self._interned: dict[tuple[Any, ...], int] = {}
@@ -247,7 +243,7 @@ class JudgeBase(Generic[R]):
             + sides.format(_extras_text(w_lora, w_salt))
         )
 
-    def _extend_idents(self, req: Reading, new_tokens: list[int]) -> None:
+    def _extend_idents(self, req: Req, new_tokens: list[int]) -> None:
         extras = req.extras
         if req.idents:
             prev = req.idents[-1]
@@ -342,7 +338,7 @@ class JudgeBase(Generic[R]):
 
     def _appending(
         self, step: Step, result: dict[str, Json]
-    ) -> tuple[RequestId, R, int, list[tuple[Any, ...]], list[int]]:
+    ) -> tuple[RequestId, Req, int, list[tuple[Any, ...]], list[int]]:
         """An ``append``'s request id and request (before the step), its length in tokens before the
         step, the ``(src, dst)`` copy-on-write copies the engine reported and the appended tokens."""
         rid = step["request_id"]
@@ -372,27 +368,31 @@ class JudgeBase(Generic[R]):
 
     def _check_tables(self, step: Step, obs: Observation, what: str) -> None:
         """Every live request's tables must be as the operations left them, except a change the
-        family accepts (:meth:`_accepted`): otherwise :attr:`ACCOUNTING` for a request the step
-        touched (the engine's observation contradicts what the step returned) and :attr:`HELD` for
-        any other (the step changed a request it had no business with)."""
-        reported = {rid: t for rid, t in obs[self.TABLES]}
+        judge accepts (:meth:`_accepted`): otherwise the accounting property for a request the step
+        touched (the engine's observation contradicts what the step returned) and the held-block one
+        for any other (the step changed a request it had no business with)."""
+        reported = self._observed(obs)
         touched = [step.get("request_id"), step.get("child_id")]
         for rid, req in self.live.items():
             got = reported.get(rid)
-            if got == self._tables_of(req) or (got is not None and self._accepted(req, got)):
+            if got == req.tables or (got is not None and self._accepted(req, got)):
                 continue
-            prop = self.ACCOUNTING if rid in touched else self.HELD
+            prop = self.names.accounting if rid in touched else self.names.held
             self.fail(prop, self._changed_tables(rid, req, got, rid in touched, what))
 
-    def _tables_of(self, req: R) -> Json:
-        """The request's tables as the observation shows them."""
-        raise NotImplementedError
+    def _observed(self, obs: Observation) -> dict[RequestId, Tables]:
+        """The live requests' tables the engine reports, one table per group."""
+        if self.names.one_table:
+            return {rid: [t] for rid, t in obs[self.names.tables]}
+        return {rid: t for rid, t in obs[self.names.tables]}
 
-    def _accepted(self, req: R, got: Json) -> bool:
+    def _accepted(self, req: Req, got: Tables) -> bool:
         """Whether a reported change of the request's tables is allowed (and taken over); none is."""
         return False
 
-    def _changed_tables(self, rid: RequestId, req: R, got: Json, touched: bool, what: str) -> str:
+    def _changed_tables(
+        self, rid: RequestId, req: Req, got: Tables | None, touched: bool, what: str
+    ) -> str:
         """The message of a reported table (``None``: the request is missing) that is not the judge's."""
         raise NotImplementedError
 
@@ -404,7 +404,7 @@ class JudgeBase(Generic[R]):
         """``OutOfBlocks`` only when the free blocks could not cover the operation."""
         raise NotImplementedError
 
-    def _entries(self, req: R) -> Iterator[tuple[int, int, int]]:
+    def _entries(self, req: Req) -> Iterator[tuple[int, int, int]]:
         """The held entries ``(group, entry, block)`` of a live request."""
         raise NotImplementedError
 
@@ -450,20 +450,21 @@ class JudgeBase(Generic[R]):
         if want is not None and outcome.error != want:
             self.fail("error-kinds", f"{what} raised {outcome.error}; the spec raises {want}")
         if want is None:
-            if outcome.error not in self.ALLOWED_ERRORS.get(op, ()):
+            if outcome.error not in self.names.allowed_errors.get(op, ()):
                 self.fail("error-kinds", f"{what} raised {outcome.error} on valid input")
             if outcome.error == "Deferred":
                 self._check_deferral(step, what)
         released = self._released_on_refusal(step, outcome, obs)
-        changed = [f for f in self.STATE_FIELDS if f in obs and obs.get(f) != before.get(f) and not released]
+        fields = () if released else self.names.state_fields
+        changed = [f for f in fields if f in obs and obs.get(f) != before.get(f)]
         if changed:
             self.fail(
-                self.ATOMIC,
+                self.names.atomic,
                 f"{what} raised {outcome.error} but changed {', '.join(changed)}: "
                 + "; ".join(f"{f} {before.get(f)} -> {obs.get(f)}" for f in changed),
             )
         if leaked_id:
-            self.fail(self.ATOMIC, f"{what} raised {outcome.error} but left the new request live")
+            self.fail(self.names.atomic, f"{what} raised {outcome.error} but left the new request live")
         if outcome.error == "OutOfBlocks":
             self._check_progress(step, before, what)
 
@@ -476,9 +477,11 @@ class JudgeBase(Generic[R]):
         for rid, req in self.live.items():
             for _, _, b in self._entries(req):
                 if b in queued:
-                    self.fail(self.HELD, self.IN_QUEUE.format(b=b, rid=rid, queue=queue))
+                    self.fail(self.names.held, self.names.in_queue.format(b=b, rid=rid, queue=queue))
                 if refs is not None and refs[b] <= 0:
-                    self.fail(self.HELD, f"block {b} is held by request {rid!r} but has ref_cnt {refs[b]}")
+                    self.fail(
+                        self.names.held, f"block {b} is held by request {rid!r} but has ref_cnt {refs[b]}"
+                    )
 
     def _check_accounting(self, obs: Observation) -> None:
         uses: Counter[int] = Counter()
@@ -488,12 +491,12 @@ class JudgeBase(Generic[R]):
                 uses[b] += 1
                 if group_of.setdefault(b, g) != g:
                     self.fail(
-                        self.ACCOUNTING, f"block {b} is in group {group_of[b]}'s and group {g}'s tables"
+                        self.names.accounting, f"block {b} is in group {group_of[b]}'s and group {g}'s tables"
                     )
         free = int(obs["num_free_blocks"])
         if free + len(uses) != self.N:
             self.fail(
-                self.ACCOUNTING,
+                self.names.accounting,
                 f"{free} free blocks + {len(uses)} held blocks != {self.N}"
                 + ("" if self.live else " (no request is live: every block must be free)"),
             )
@@ -502,19 +505,20 @@ class JudgeBase(Generic[R]):
             for b in range(self.N):
                 if refs[b] != uses.get(b, 0):
                     self.fail(
-                        self.ACCOUNTING,
+                        self.names.accounting,
                         f"ref_cnt({b}) = {refs[b]} but {uses.get(b, 0)} table entries point at it",
                     )
         queue = obs.get("free_blocks")
         if queue is not None:
             if len(queue) != free or len(set(queue)) != len(queue):
                 self.fail(
-                    self.ACCOUNTING,
+                    self.names.accounting,
                     f"free queue {queue} does not hold num_free_blocks = {free} distinct blocks",
                 )
             unused = set(range(self.N)) - set(uses)
             if set(queue) != unused:
-                self.fail(self.ACCOUNTING, self.NOT_UNREFERENCED.format(queue=queue, unused=sorted(unused)))
+                message = self.names.not_unreferenced.format(queue=queue, unused=sorted(unused))
+                self.fail(self.names.accounting, message)
 
     def _check_events(self, step: Step, outcome: Outcome, obs: Observation, what: str) -> None:
         assert self.events is not None
@@ -585,14 +589,14 @@ class JudgeBase(Generic[R]):
                 "policy-sharing",
                 f"after {what}: {obs['num_free_blocks']} free blocks; the spec has {exp['num_free_blocks']}",
             )
-        exp_tables = {self._rid_key(rid): t for rid, t in exp.get(self.TABLES, [])}
-        for rid, tables in obs[self.TABLES]:
+        exp_tables = {self._rid_key(rid): t for rid, t in exp.get(self.names.tables, [])}
+        for rid, tables in obs[self.names.tables]:
             want = exp_tables.get(self._rid_key(rid))
             if want is None:
                 self.fail(
                     "policy-sharing", f"after {what}: request {rid!r} is live; the spec has no such request"
                 )
-            self._same_tables(want, tables, f"after {what}: {self.TABLE_NAME}({rid!r})")
+            self._same_tables(want, tables, f"after {what}: {self.names.table_name}({rid!r})")
         if "free_blocks" in obs and "free_blocks" in exp:
             self._same_seq(
                 exp["free_blocks"], obs["free_blocks"], "policy-free-queue", f"after {what}: free queue"

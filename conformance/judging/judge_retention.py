@@ -1,8 +1,8 @@
 """Retention adequacy (HYBRID.md section 4.3): the hit a claimed retention policy promises a
 request, from the sequences the engine has seen settled, with no block ever reused.
 
-:class:`RetentionAdequacy` is the part of :class:`~pagedprefix.conformance.judging.hybrid_judge.HybridJudge`
-that remembers what was settled (:meth:`RetentionAdequacy._remember`) and computes the promise
+:class:`RetentionAdequacy` is the part of :class:`~pagedprefix.conformance.judging.judge.Judge` that,
+for hybrid groups, remembers what was settled (:meth:`RetentionAdequacy._remember`) and computes the promise
 (:meth:`RetentionAdequacy._owed`): under ``dense`` every boundary a sequence settled past
 its own hit, under ``replay`` its replay boundary and the junction it recorded at admission.
 """
@@ -10,7 +10,6 @@ its own hit, under ``replay`` its replay boundary and the junction it recorded a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from pagedprefix.spec import Extras, RequestId
 from pagedprefix.spec.groups import Groups, KVCacheGroup, first_lookup_class, need_set, replay_boundary
@@ -18,7 +17,7 @@ from pagedprefix.spec.groups import Groups, KVCacheGroup, first_lookup_class, ne
 from ..protocol import Capabilities
 from ..protocol.codec import Json, extras_from_json
 from .driver import Outcome, Step
-from .judge_base import JudgeBase, R
+from .judge_base import JudgeBase, Req
 
 
 @dataclass(frozen=True)
@@ -40,18 +39,9 @@ def _common(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> i
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-class Settled(Protocol):
-    """A live request's settled tokens, with its admission's hit and what a fork inherited."""
-
-    tokens: list[int]
-    extras: Extras
-    hit: int
-    inherited: int
-
-
-class RetentionAdequacy(JudgeBase[R]):
+class RetentionAdequacy(JudgeBase):
     """What the claimed retention promises (see the module docstring), and its check: the
-    judge's part below :class:`~pagedprefix.conformance.judging.hybrid_judge.HybridJudge`, whose groups,
+    judge's part below :class:`~pagedprefix.conformance.judging.judge.Judge`, whose groups,
     alignment, capabilities and step counter it reads."""
 
     groups: Groups
@@ -61,7 +51,7 @@ class RetentionAdequacy(JudgeBase[R]):
     seen: list[Seen]
     attention_seen: list[Seen]
 
-    def _remember(self, req: Settled, rid: RequestId, admission: bool, hit: int = 0) -> None:
+    def _remember(self, req: Req, rid: RequestId, admission: bool, hit: int = 0) -> None:
         junction = 0
         if admission:
             own = self._junction_bound(req.tokens, req.extras)

@@ -29,8 +29,7 @@ from .driver import (
     is_live,
     observe,
 )
-from .hybrid_judge import judge_for
-from .judge import Judge, first_error
+from .judge import Judge, first_error, judge_for
 from .properties import Violation, at_least
 
 FULL_CAPS = Capabilities(keys=True, protocol_version=ADAPTER_PROTOCOL_VERSION)

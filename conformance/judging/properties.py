@@ -177,3 +177,82 @@ class Violation(AssertionError):
         self.message = message
         self.detail = detail
         super().__init__(f"[{prop}] {message}")
+
+
+H1, H2, H3, H4, H5, H6, H7 = (  # HYBRID.md section 4.1
+    "group-soundness", "one-boundary", "window-liveness", "state-publication",
+    "group-atomicity", "group-accounting", "group-failure",
+)
+
+
+@dataclass(frozen=True)
+class Names:
+    """What a config's observations and core properties are called. The one full-attention group
+    of SEMANTICS.md sections 1-7 keeps the names of section 6 (:data:`ONE_GROUP`: every vector,
+    kill table and published verdict is written in them); hybrid groups report section 8's H1-H7
+    (:data:`HYBRID_GROUPS`). Each pair names one core property, read for one group or per group."""
+
+    tables: str
+    """The observation of the live requests' tables (``[[request_id, tables], ...]``)."""
+    table_name: str
+    """One request's tables in messages, and the result field of ``allocate`` / ``append``."""
+    one_table: bool
+    """The observation and results carry one table per request (``[b, ...]``), not one per group."""
+    state_fields: tuple[str, ...]
+    """The observations a failed operation must leave unchanged."""
+    allowed_errors: dict[str, tuple[str, ...]]
+    """The errors an operation may raise on valid input (capacity, publication)."""
+    sound: str
+    """A hit, or a held entry, reads content other than the request's own (core (2), H1)."""
+    boundary: str
+    """A hit outside ``[0, n - 1]``, or not on the hit alignment (core (6), H2)."""
+    held: str
+    """A held block released, reused or overwritten (core (1), H3)."""
+    own: str
+    """An admission that reuses a block of its own hit (core (4), H5)."""
+    accounting: str
+    """Pool accounting (core (4), H6)."""
+    atomic: str
+    """A failed operation changed something (core (5), H7)."""
+    in_queue: str
+    """Messages: a held block in the free queue; a free queue that is not the unreferenced set
+    (``str.format`` fields ``b``, ``rid``, ``queue``, ``unused``)."""
+    not_unreferenced: str
+
+
+ONE_GROUP = Names(
+    tables="tables",
+    table_name="block_table",
+    one_table=True,
+    state_fields=("num_free_blocks", "tables", "ref_cnt", "free_blocks", "cached_keys"),
+    allowed_errors={"allocate": ("OutOfBlocks",), "append": ("OutOfBlocks",)},
+    sound="hit-content",
+    boundary="hit-cap",
+    held="held-blocks",
+    own="accounting",
+    accounting="accounting",
+    atomic="atomic-failure",
+    in_queue="block {b} is held by request {rid!r} but sits in the free queue {queue}",
+    not_unreferenced="free queue {queue} is not the set of unreferenced blocks {unused}",
+)
+"""The one full-attention group (``groups=None`` or ``(full(block_size),)``): section 6's names."""
+HYBRID_GROUPS = Names(
+    tables="group_tables",
+    table_name="block_tables",
+    one_table=False,
+    state_fields=("num_free_blocks", "group_tables", "ref_cnt", "free_blocks"),
+    allowed_errors={
+        "allocate": ("OutOfBlocks", "Deferred"),
+        "append": ("OutOfBlocks",),
+        "fork": ("OutOfBlocks",),
+    },
+    sound=H1,
+    boundary=H2,
+    held=H3,
+    own=H5,
+    accounting=H6,
+    atomic=H7,
+    in_queue="block {b} is held by request {rid!r} but sits in the free queue",
+    not_unreferenced="free queue {queue} is not the set of unreferenced blocks",
+)
+"""Hybrid groups: HYBRID.md section 4.1's names."""
