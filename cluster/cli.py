@@ -26,7 +26,8 @@ import typer
 from pagedprefix.conformance.protocol import EngineUnavailable
 from pagedprefix.conformance.protocol.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
 from pagedprefix.conformance.protocol.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
-from pagedprefix.conformance.protocol.watchdog import EngineHung
+from pagedprefix.conformance.protocol.watchdog import BudgetSpent, EngineHung
+from pagedprefix.conformance.reporting.outputs import path_problem
 from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError
 from pagedprefix.conformance.running.supervise import supervised_command
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, set_cluster_hook
@@ -135,17 +136,28 @@ def indexer_conform_command(
     start_timeout: Annotated[float, typer.Option(help="seconds a worker may take to start")] = START_TIMEOUT,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the report as JSON")] = None,
     list_only: Annotated[bool, typer.Option("--list", help="list the scenarios and exit")] = False,
+    time_budget: Annotated[
+        float | None, typer.Option(help="seconds the whole run may take (default: no limit); then exit 3")
+    ] = None,
 ) -> None:
     """Judge a KV indexer against the reference: the same adversarial event streams (loss,
     duplication, reordering across replicas, restarts, AllBlocksCleared, unknown parents, hybrid
-    groups), answer by answer."""
+    groups), answer by answer.
+
+    Exit status: 0 every scenario passed, 1 a failure, 2 a user error, 3 incomplete: the
+    --time-budget ran out first (the scenarios judged are reported, the rest listed as not run)."""
     out = Console() if Console().is_terminal else Console(width=160)
     _check_seconds("--call-timeout", call_timeout)
     _check_seconds("--start-timeout", start_timeout)
+    if time_budget is not None:
+        _check_seconds("--time-budget", time_budget)
     problem = output_problem({"--json": json_path})
     if problem is not None:
         raise fail(COMMAND, problem)
     for d in path or []:
+        problem = path_problem(d, "--path")  # a name too long for the file system: is_dir() raises
+        if problem is not None:
+            raise fail(COMMAND, problem)
         if not d.is_dir():
             raise fail(COMMAND, f"--path {d}: not a directory")
     scenarios = _select(builtin_scenarios(generated), scenario)
@@ -157,6 +169,7 @@ def indexer_conform_command(
         lambda: _indexer_conform_run(indexer, in_process, path or [], call_timeout, start_timeout, scenarios,
                                      out, json_path),
         COMMAND,
+        time_budget,
     )
 
 
@@ -179,6 +192,12 @@ def _indexer_conform_run(indexer: str, in_process: bool, paths: list[Path], call
     lost = next((v.finding for v in verdicts if v.finding is not None and v.finding.fatal), None)
     if lost is not None:
         raise fail(COMMAND, f"FAIL: the indexer is lost ({lost}); {not_run} scenario(s) not run", code=1)
+    cut = sum(v.budget for v in verdicts)
+    failed = any(v.ran and not v.passed for v in verdicts)
+    if cut and not failed:
+        typer.echo(f"pagedprefix {COMMAND}: INCOMPLETE: {cut} scenario(s) not run within the time budget",
+                   err=True)
+        raise typer.Exit(3)
     if not any(v.ran for v in verdicts):
         raise fail(COMMAND, "FAIL: no scenario was judged, which is not a pass", code=1)
     if not all_passed(verdicts):
@@ -196,6 +215,10 @@ def _judge_indexer(indexer: str, in_process: bool, paths: list[Path], call_timeo
                 loaded = open_indexer(indexer, in_process=in_process, paths=paths,
                                       call_timeout=call_timeout, start_timeout=start_timeout)
                 loaded.start()
+            except BudgetSpent as spent:
+                typer.echo(f"pagedprefix {COMMAND}: INCOMPLETE: {spent} while the indexer started; "
+                           "nothing judged", err=True)
+                raise typer.Exit(3) from None
             except (EngineUnavailable, EngineProcessError, EngineHung) as exc:
                 raise fail(COMMAND, exc) from None
             except KeyboardInterrupt:

@@ -48,7 +48,7 @@ from functools import partial
 from types import FrameType
 from typing import TypeVar
 
-from pagedprefix.conformance.protocol.watchdog import EngineHung
+from pagedprefix.conformance.protocol.watchdog import BudgetSpent, EngineHung, check_budget, time_left
 from pagedprefix.conformance.running.lifetime import Terminated, received
 from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError
 from pagedprefix.spec.events import EventBatch
@@ -98,6 +98,8 @@ class Verdict:
     reference_resyncs: int = 0
     ran: bool = True
     not_run: str = ""
+    budget: bool = False
+    """Not run because the run's time budget ran out (``--time-budget``: incomplete, exit 3)."""
 
     @property
     def passed(self) -> bool:
@@ -181,10 +183,12 @@ def _short(exc: BaseException) -> str:
 
 
 def _boundary(scenario: Scenario, n: int, what: str, fn: Callable[[], T]) -> T:
-    """``fn()`` (candidate code); any ``BaseException`` but the user's Ctrl-C becomes a finding."""
+    """``fn()`` (candidate code); any ``BaseException`` but the user's Ctrl-C and the run's spent
+    time budget (:class:`BudgetSpent`, checked first) becomes a finding."""
+    check_budget(what)
     try:
         result = fn()
-    except _Stop:
+    except (_Stop, BudgetSpent):
         raise
     except BaseException as exc:
         if _user_interrupted[0]:
@@ -276,7 +280,9 @@ def judge_scenario(factory: IndexerFactory, scenario: Scenario) -> Verdict:
     except _Stop as stop:
         verdict.finding = stop.finding
     finally:
-        if verdict.finding is None or not verdict.finding.fatal:  # a hung or dead one is not called again
+        left = time_left()
+        spent = left is not None and left <= 0  # the budget ran out: no clean-up call either
+        if not spent and (verdict.finding is None or not verdict.finding.fatal):  # nor to a hung one
             try:
                 _boundary(scenario, len(scenario.steps), "close", partial(_close, candidate.indexer))
             except _Stop as stop:
@@ -294,16 +300,26 @@ def _close(indexer: object) -> None:
 
 def judge(factory: IndexerFactory, scenarios: Iterable[Scenario]) -> list[Verdict]:
     """:func:`judge_scenario` for each scenario, in order, until the candidate hangs or dies (a
-    fatal finding, module docstring): the scenarios after that one are not run. The user's Ctrl-C
-    (:func:`user_interrupts`) raises ``KeyboardInterrupt``."""
+    fatal finding, module docstring) or the run's time budget runs out (the scenario in flight and
+    those after it are not run, ``budget`` set). The user's Ctrl-C (:func:`user_interrupts`)
+    raises ``KeyboardInterrupt``."""
     verdicts: list[Verdict] = []
     lost: Finding | None = None
+    spent: BudgetSpent | None = None
     with user_interrupts():
         for s in scenarios:
             if lost is not None:
                 verdicts.append(Verdict(s, ran=False, not_run=f"the indexer hung or died in {lost.scenario}"))
                 continue
-            verdict = judge_scenario(factory, s)
+            if spent is not None:
+                verdicts.append(Verdict(s, ran=False, not_run=f"not run: {spent}", budget=True))
+                continue
+            try:
+                verdict = judge_scenario(factory, s)
+            except BudgetSpent as exc:  # the run's --time-budget: this one and the rest are not run
+                spent = exc
+                verdicts.append(Verdict(s, ran=False, not_run=f"not run: {spent}", budget=True))
+                continue
             verdicts.append(verdict)
             if verdict.finding is not None and verdict.finding.fatal:
                 lost = verdict.finding

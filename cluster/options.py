@@ -4,6 +4,7 @@ cluster replay's :class:`~pagedprefix.cluster.replay.ClusterOptions`."""
 from __future__ import annotations
 
 from pagedprefix.replay.cli import ClusterArgs
+from pagedprefix.spec.errors import safe_repr
 
 from .replay import ClusterOptions
 from .router import DEFAULT_LAMBDA
@@ -13,9 +14,15 @@ def parse_restart(text: str) -> tuple[int, int]:
     """``"1@500"`` -> ``(1, 500)``: replica 1 restarts before request 500 arrives. Raises
     ``ValueError`` for anything else."""
     replica, sep, arrival = text.strip().partition("@")
-    if not sep or not replica.isdigit() or not arrival.isdigit() or len(replica) > 9 or len(arrival) > 18:
-        raise ValueError(f"--restart-replica {text!r}: expected REPLICA@REQUEST, e.g. 1@500")
+    if not sep or len(replica) > 9 or len(arrival) > 18 or not _decimal(replica) or not _decimal(arrival):
+        raise ValueError(f"--restart-replica {safe_repr(text)}: expected REPLICA@REQUEST, e.g. 1@500")
     return int(replica), int(arrival)
+
+
+def _decimal(text: str) -> bool:
+    """``text`` is a run of ASCII digits (``str.isdigit`` also takes ``²`` and ``①``, which
+    ``int()`` refuses)."""
+    return text.isascii() and text.isdigit()
 
 
 def cluster_options(args: ClusterArgs) -> ClusterOptions:

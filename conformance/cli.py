@@ -10,15 +10,18 @@ report as ``exit_code``):
   ``os._exit`` in process, :mod:`pagedprefix.conformance.running.supervise`), or nothing was judged;
 - 2: a user error (an engine that cannot be loaded or is not a factory, a bad option, a file
   that cannot be read or written): one line on stderr, nothing run;
-- 3: no check failed, but the ``--time-budget`` safety stop ended the stateful run before every
-  planned example ran (the report says ``incomplete``).
+- 3: no check failed, but the ``--time-budget`` ran out before everything planned was judged
+  (the report says ``incomplete`` and lists what was not run). The budget bounds the whole run,
+  from the start of the command: the engine's start, the vectors, the stateful run and its
+  shrinking, the seeding check and the trace slice; the run ends within ``--time-budget`` plus
+  :data:`~pagedprefix.conformance.running.supervise.BUDGET_SLACK` seconds whatever the engine does
+  (docs/SECURITY.md "Time budget and signals").
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -30,8 +33,8 @@ import typer
 
 from .judging.properties import PROFILES
 from .protocol import AdapterFactory, EngineUnavailable
-from .protocol.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineHung
-from .reporting.outputs import UserError, check_output_path
+from .protocol.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, BudgetSpent, EngineHung
+from .reporting.outputs import UserError, check_output_path, check_seconds
 from .running.suite import (
     DEFAULT_EXAMPLES,
     DEFAULT_TIME_BUDGET,
@@ -55,10 +58,6 @@ ENGINE_HELP = (
 )
 
 
-MAX_SECONDS = 1e6
-"""The largest time limit accepted (about eleven days)."""
-
-
 def fail_user(message: str, command: str = "conform") -> typer.Exit:
     """Print ``message`` as one line on stderr, prefixed ``pagedprefix COMMAND: error:``; the
     ``typer.Exit(2)`` to raise."""
@@ -77,8 +76,7 @@ def check_options(args: ConformArgs) -> None:
         ("--start-timeout", args.start_timeout),
     )
     for name, value in seconds:
-        if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
-            raise UserError(f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], got {value}")
+        check_seconds(name, value)
     if not 0 <= args.seed < 2**63:
         raise UserError(f"--seed must be in [0, 2**63), got {args.seed}")
 
@@ -93,7 +91,11 @@ def conform(
     ] = DEFAULT_EXAMPLES,
     steps: Annotated[int, typer.Option("--steps", help="operations per stateful example")] = 30,
     time_budget: Annotated[
-        float, typer.Option("--time-budget", help="safety stop in seconds: no new examples after it (exit 3)")
+        float,
+        typer.Option(
+            "--time-budget",
+            help="seconds the whole run may take; when they run out, what was judged is reported (exit 3)",
+        ),
     ] = DEFAULT_TIME_BUDGET,
     call_timeout: Annotated[
         float, typer.Option("--call-timeout", help="seconds one engine call may take before it is a FAIL")
@@ -131,7 +133,7 @@ def conform(
     traffic (the first 300 requests of the Mooncake conversation trace) replayed in lockstep.
 
     Exit status: 0 pass, 1 a check failed (engine misbehaviour included), 2 user error,
-    3 incomplete (the --time-budget safety stop fired)."""
+    3 incomplete (the --time-budget ran out first)."""
     try:
         args = ConformArgs(
             engine,
@@ -153,7 +155,7 @@ def conform(
         options = _prepare(args)
     except UserError as exc:
         raise fail_user(str(exc)) from None
-    raise typer.Exit(supervised(lambda: _conform_run(args, options, no_trace), "conform"))
+    raise typer.Exit(supervised(lambda: _conform_run(args, options, no_trace), "conform", args.time_budget))
 
 
 def _conform_run(args: ConformArgs, options: SuiteOptions, no_trace: bool) -> int:
@@ -164,6 +166,9 @@ def _conform_run(args: ConformArgs, options: SuiteOptions, no_trace: bool) -> in
     except UserError as exc:
         fail_user(str(exc))
         return 2
+    except BudgetSpent as spent:
+        print(f"pagedprefix conform: INCOMPLETE: {spent} (nothing was judged)", file=sys.stderr)
+        return 3
     try:
         report = _run(factory, options, args.engine, no_trace)
     except EngineUnavailable as exc:
@@ -211,12 +216,21 @@ class ConformArgs:
 
 def _prepare(args: ConformArgs) -> SuiteOptions:
     """Every user error but an engine that cannot be loaded is found here, before any work starts
-    (:class:`UserError`)."""
+    (:class:`UserError`): every path given can be looked at (a name too long for the file system is
+    refused, not raised), and the outputs are made as the run will make them."""
+    from .reporting.outputs import path_problem
+
     if args.profile not in PROFILES:
         raise UserError(f"unknown profile {args.profile!r}; choose from {', '.join(PROFILES)}")
     check_options(args)
     if args.json_path is not None:
         check_output_path(args.json_path, "--json")
+    database = [] if args.database is None else [args.database]
+    for option, given in (("--vectors", args.vectors), ("--path", args.paths), ("--database", database)):
+        for d in given:
+            problem = path_problem(d, option)
+            if problem is not None:
+                raise UserError(problem)
     for d in args.vectors:
         if not d.is_dir():
             raise UserError(f"--vectors {d}: not a directory")
@@ -284,13 +298,15 @@ def _check_vector_dir(directory: Path, option: str) -> int:
 
 
 def _check_writable_dir(directory: Path, option: str) -> None:
-    """``directory`` (made at the end of the run if missing) can be written as the run will: its
-    files created and replaced."""
-    import os
+    """``directory`` (made at the end of the run if missing) can be written as the run will: it
+    is made now and a file created and removed in it (:func:`~.reporting.outputs.check_output_dir`,
+    which removes again what it made); :class:`UserError` with the OS's reason otherwise."""
+    from .reporting.outputs import check_output_dir
 
     target = directory if directory.is_dir() else directory.parent
     if not os.access(target, os.W_OK | os.X_OK):
         raise UserError(f"{option} {directory}: {target} is not writable")
+    check_output_dir(directory, option)
 
 
 def _run(factory: Callable[..., object], options: SuiteOptions, engine: str, no_trace: bool) -> SuiteReport:
@@ -353,9 +369,17 @@ def matrix(
     jobs: Annotated[
         int, typer.Option("--jobs", help="engines run at once, a process each (0: one per core)")
     ] = 0,
+    time_budget: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--time-budget", help="seconds the whole matrix may take (default: no limit); exit 3"),
+    ] = None,
 ) -> None:
     """Run every shipped engine (vLLM and SGLang when installed) at its strongest honest profile
-    and at core, and write the conformance matrix (docs/MATRIX.md; --check compares instead)."""
+    and at core, and write the conformance matrix (docs/MATRIX.md; --check compares instead).
+
+    Exit status: 0 written (identical, with --check), 1 a difference or an unreached channel,
+    2 a user error, 3 incomplete: the --time-budget ran out before every cell was judged (the
+    cells judged are printed; nothing is written or compared)."""
     from .reporting.matrix import MATRIX_ENGINES, MatrixEngine
 
     try:
@@ -369,10 +393,12 @@ def matrix(
             raise UserError(f"--seed must be in [0, 2**63), got {seed}")
         if not 0 <= jobs <= (os.cpu_count() or 1):
             raise UserError(f"--jobs must be in [0, {os.cpu_count() or 1}], got {jobs}")
+        if time_budget is not None:
+            check_seconds("--time-budget", time_budget)
     except UserError as exc:
         raise fail_user(str(exc), "matrix") from None
     engines = [*MATRIX_ENGINES, *(MatrixEngine(name, "") for name in engine or [])]
-    supervised_command(lambda: _matrix_run(engines, out, json_path, check, seed, jobs), "matrix")
+    supervised_command(lambda: _matrix_run(engines, out, json_path, check, seed, jobs), "matrix", time_budget)
 
 
 def _matrix_run(
@@ -399,6 +425,14 @@ def _matrix_run(
         jobs=jobs or default_jobs(),
         progress=lambda name: print(f"matrix: {name} ...", file=sys.stderr, flush=True),
     )
+    cut = [c for c in cells if c.verdict == "INCOMPLETE"]
+    if cut:  # a partial matrix is neither written nor compared: say what was judged
+        for c in cells:
+            print(f"matrix: {c.engine} {c.version} at {c.profile}: {c.verdict}"
+                  + (f" ({c.error})" if c.error else ""), file=sys.stderr)
+        print(f"matrix: INCOMPLETE: {len(cut)} of {len(cells)} cells not judged within the time budget; "
+              f"{out} left as it was", file=sys.stderr)
+        raise typer.Exit(3)
     text = render_markdown(cells, seed, channels) + "".join(section() for section in _MATRIX_SECTIONS)
     if json_path is not None:
         json_path.write_text(json.dumps(to_json(cells), indent=1) + "\n", encoding="utf-8")

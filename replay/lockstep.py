@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedprefix.conformance.protocol.codec import config_from_json, config_to_json
+from pagedprefix.conformance.protocol.watchdog import EngineLost, check_budget
 from pagedprefix.spec import (
     Allocation,
     AppendResult,
@@ -141,13 +142,20 @@ class LockstepExecutor(Executor):
         result.spec_evictions = self.spec.num_evictions
 
     def _engine_call(self, call: Callable[[], Any]) -> tuple[bool, Any]:
+        """``(True, value)``, or ``(False, exception)`` for an engine failure to compare; an engine
+        that hung or exited, or the run's spent time budget (``EngineLost``), ends the replay."""
+        check_budget("the trace slice")  # in-process engines are not guarded call by call here
         try:
             value = call()
+        except EngineLost:
+            raise
         except Exception as exc:  # any engine failure is an outcome to compare
             return False, exc
         if self.engine_step is not None:
             try:
                 self.engine_step()
+            except EngineLost:
+                raise
             except Exception as exc:
                 return False, exc
         return True, value

@@ -255,32 +255,53 @@ def dense_boundaries(after: int, upto: int, align: int) -> range:
 # ----- parsing (the command line's ``--groups``) ------------------------------------------------------
 
 _GROUP_RE = re.compile(r"^\s*(full|sliding|chunked|mamba)\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)\s*$")
+MAX_NUMBER_DIGITS = 18
+"""Most digits a number in ``--groups`` may have: far more than any valid value (a window or chunk
+is below ``2**31``, ten digits), far fewer than ``int()`` refuses (4300), so an absurd number is
+this module's error, not the interpreter's."""
+
+
+def _number(digits: str, raw: str) -> int:
+    """The run of decimal ``digits`` matched in the group text ``raw``, as an int; raises
+    :class:`InvalidConfig` when it has more than :data:`MAX_NUMBER_DIGITS` digits (its range is
+    :func:`check_groups`' to judge)."""
+    if len(digits) > MAX_NUMBER_DIGITS:
+        raise InvalidConfig(
+            f"groups: {safe_repr(raw.strip())} holds a number of {len(digits):,} digits; "
+            f"at most {MAX_NUMBER_DIGITS}"
+        )
+    return int(digits)
 
 
 def parse_groups(text: str) -> Groups:
     """Groups from ``full(16)+sliding(128,16)`` (``+`` or ``,`` between groups; ``sliding(W,B)``,
-    ``chunked(C,B)``, ``full(B)``, ``mamba(B)``). Raises :class:`InvalidConfig` for anything else
-    (the values are checked by :func:`check_groups`)."""
+    ``chunked(C,B)``, ``full(B)``, ``mamba(B)``). Raises :class:`InvalidConfig` for anything else,
+    a number of more than :data:`MAX_NUMBER_DIGITS` digits and more than :data:`MAX_GROUPS` groups
+    included (the values are checked by :func:`check_groups`)."""
     if type(text) is not str or not text.strip():
         raise InvalidConfig("groups: expected e.g. full(16)+sliding(128,16)")
     parts = re.split(r"\+|\)\s*,", text)
+    if len(parts) > MAX_GROUPS:
+        raise InvalidConfig(f"groups: at most {MAX_GROUPS} groups, got {len(parts):,}")
     groups: list[KVCacheGroup] = []
     for raw in parts:
         part = raw if raw.rstrip().endswith(")") else raw + ")"
         match = _GROUP_RE.match(part)
         if match is None:
             raise InvalidConfig(
-                f"groups: cannot read {raw.strip()!r}; expected e.g. full(16)+sliding(128,16)"
+                f"groups: cannot read {safe_repr(raw.strip())}; expected e.g. full(16)+sliding(128,16)"
             )
-        kind, a, b = match.group(1), int(match.group(2)), match.group(3)
+        kind, a, b = match.group(1), _number(match.group(2), raw), match.group(3)
         if kind in ("full", "mamba"):
             if b is not None:
-                raise InvalidConfig(f"groups: {kind}(B) takes one number, got {raw.strip()!r}")
+                raise InvalidConfig(f"groups: {kind}(B) takes one number, got {safe_repr(raw.strip())}")
             groups.append(KVCacheGroup(kind, a))
         else:
             if b is None:
-                raise InvalidConfig(f"groups: {kind}(span, B) takes two numbers, got {raw.strip()!r}")
-            groups.append(sliding(a, int(b)) if kind == "sliding" else chunked(a, int(b)))
+                raise InvalidConfig(
+                    f"groups: {kind}(span, B) takes two numbers, got {safe_repr(raw.strip())}"
+                )
+            groups.append(sliding(a, _number(b, raw)) if kind == "sliding" else chunked(a, _number(b, raw)))
     return tuple(groups)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import typer
+from pagedprefix.spec.errors import safe_repr
 from typer.core import TyperGroup
 
 try:  # newer typer carries its own copy of click
@@ -30,6 +31,17 @@ if TYPE_CHECKING:
 def one_line(text: str) -> str:
     """``text`` with every run of whitespace (newlines included) collapsed to one space."""
     return " ".join(str(text).split())
+
+
+def _refuse_nul(args: Sequence[str] | None) -> None:
+    """Raise a ``UsageError`` when an argument holds a NUL byte. No command line can carry one
+    (``execve`` ends each argument at it), but an argument list given in process can, and the
+    value would reach a path, a worker's command line or a C string that refuses it with a
+    traceback."""
+    for i, arg in enumerate(sys.argv[1:] if args is None else args, 1):
+        if isinstance(arg, str) and "\0" in arg:
+            shown = safe_repr(arg)
+            raise UsageError(f"argument {i} {shown} holds a NUL byte (no command line can carry one)")
 
 
 class OneLineErrors(TyperGroup):
@@ -48,6 +60,7 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
+            _refuse_nul(args)
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except ClickException as exc:
             ctx = getattr(exc, "ctx", None)

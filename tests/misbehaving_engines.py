@@ -7,6 +7,7 @@ calls, so the suite has run a while when it happens. The suite must turn each in
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from typing import Any
@@ -47,6 +48,16 @@ class AllocateSleeps(_Base):
         return self.admit(request_id, tokens, extras)
 
 
+class AllocateBlocksInC(_Base):
+    """After a while, ``allocate`` runs minutes of C code that releases the GIL and never returns
+    to Python (no Python signal handler, ``SIGALRM`` included, can run in this thread meanwhile)."""
+
+    def allocate(self, request_id: Any, tokens: Any, extras: Any = None) -> Allocation:
+        if _late():
+            hashlib.pbkdf2_hmac("sha256", b"key", b"salt", 2**31 - 1)
+        return self.admit(request_id, tokens, extras)
+
+
 class AllocateReturnsNone(_Base):
     def allocate(self, request_id: Any, tokens: Any, extras: Any = None) -> Allocation:
         result = self.admit(request_id, tokens, extras)
@@ -74,6 +85,10 @@ def step_raises(config: CacheConfig) -> PrefixCacheAdapter:
 
 def allocate_sleeps(config: CacheConfig) -> PrefixCacheAdapter:
     return AllocateSleeps(config)
+
+
+def allocate_blocks_in_c(config: CacheConfig) -> PrefixCacheAdapter:
+    return AllocateBlocksInC(config)
 
 
 def allocate_returns_none(config: CacheConfig) -> PrefixCacheAdapter:

@@ -34,6 +34,7 @@ from ..judging.model import EngineRun, SpecModel, adapter_capabilities, build_ad
 from ..judging.properties import Violation
 from ..protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
 from ..protocol.codec import Json
+from ..protocol.watchdog import BudgetSpent
 from .vector_format import dumps, make_case, schema_version_of, spec_version
 
 DEFAULT_POLICY = ("unhashed_to_head", False)
@@ -67,6 +68,8 @@ class Replay:
     """What ``step()`` changed at each step (a traced replay only; empty lists otherwise)."""
     policy: bool = False
     """The judge compared the spec's eviction order (profile ``lru`` or ``exact``)."""
+    cut_short: str = ""
+    """Why the minimizer stopped before it was done (the run's time budget ran out), or ``""``."""
 
 
 @dataclass
@@ -179,7 +182,14 @@ class Shrinker:
         if self.budget <= 0:
             return False
         self.budget -= 1
-        r = replay(self.factory, config, steps, self.profile, self.disabled)
+        try:
+            r = replay(self.factory, config, steps, self.profile, self.disabled)
+        except BudgetSpent as spent:  # the run's time budget: keep the smallest failure so far
+            if self.best is None:
+                raise
+            self.best.cut_short = str(spent)
+            self.budget = 0
+            return False
         if r.violation is None or r.violation.prop != self.prop:
             return False
         self.config, self.steps, self.best = config, steps[: len(r.steps)], r
@@ -370,11 +380,13 @@ def minimize(
     budget: int,
 ) -> Replay | None:
     """The smallest failing replay reachable within ``budget`` replays (``None``: the failure does
-    not reproduce — a non-deterministic engine)."""
+    not reproduce — a non-deterministic engine). When the run's time budget runs out after the
+    first replay failed, the smallest failing replay so far, with ``cut_short`` set;
+    :class:`~pagedprefix.conformance.protocol.watchdog.BudgetSpent` when it runs out before."""
     shrinker = Shrinker(factory, found, profile, disabled, caps, budget)
     best = shrinker.run()
-    if best is None:
-        return None
+    if best is None or best.cut_short:
+        return best
     traced = replay(factory, shrinker.config, shrinker.steps, profile, disabled, trace=True)
     assert best.violation is not None
     same = traced.violation is not None and traced.violation.prop == best.violation.prop

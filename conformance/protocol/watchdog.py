@@ -12,6 +12,13 @@ Two ways an engine is called (``pagedprefix.conformance.running.suite.load_engin
   sleeps, lock waits) with :class:`EngineHung`. Code that holds the GIL inside a C extension is
   not interrupted: use the worker for engines you do not trust.
 
+**The run's time budget** (``--time-budget``) bounds the whole run, not only the stateful
+examples: :func:`run_budget` sets a deadline (on the monotonic clock, so a forked worker shares
+it), every guarded call and every wait on a worker is cut at it (:func:`time_left`), and the call
+running when it passes raises :class:`BudgetSpent`. That is an :class:`EngineLost` (it ends the run
+the same way, through the same handlers) that the runners record as *incomplete* (exit 3), never as
+a FAIL of the engine: the engine did nothing wrong, the user's budget ran out.
+
 Either way :class:`EngineHung` ends the run: the report gets a FAIL row (``engine-errors``:
 "allocate did not return within 10 s") and the suite stops, because the engine's state is
 unknown from then on.
@@ -70,6 +77,67 @@ class EngineExited(EngineLost):
         self.detail = detail
         during = f" during {call}" if call else ""
         super().__init__(f"the engine ended the run{during}: {how}")
+
+
+class BudgetSpent(EngineLost):
+    """The run's time budget (:func:`run_budget`) ran out during ``call`` (``""``: between calls):
+    the run ends here as *incomplete*, not as a FAIL of the engine."""
+
+    def __init__(self, call: str = "", budget: float | None = None) -> None:
+        self.call = call
+        self.budget = budget
+        during = f" during {call}" if call else ""
+        of = f" of {budget:g} s" if budget is not None else ""
+        super().__init__(f"the time budget{of} ran out{during}")
+
+
+_deadline: list[tuple[float, float] | None] = [None]
+"""The innermost :func:`run_budget`: ``(deadline on time.monotonic(), budget in seconds)``."""
+
+
+@contextlib.contextmanager
+def run_budget(seconds: float | None) -> Iterator[None]:
+    """In the body, the run may take ``seconds`` more (``None``: no new limit). Nested budgets
+    keep the earlier deadline: an inner run never outlasts the outer one."""
+    old = _deadline[0]
+    if seconds is not None:
+        deadline = time.monotonic() + seconds
+        if old is None or deadline < old[0]:
+            _deadline[0] = (deadline, seconds)
+    try:
+        yield
+    finally:
+        _deadline[0] = old
+
+
+def time_left() -> float | None:
+    """Seconds left of the current :func:`run_budget` (at most 0 once it passed); ``None``: none."""
+    current = _deadline[0]
+    return None if current is None else current[0] - time.monotonic()
+
+
+def budget_seconds() -> float | None:
+    """The budget (seconds) of the current :func:`run_budget`, for messages; ``None``: none."""
+    current = _deadline[0]
+    return None if current is None else current[1]
+
+
+def check_budget(call: str = "") -> None:
+    """Raise :class:`BudgetSpent` if the current :func:`run_budget` has passed."""
+    left = time_left()
+    if left is not None and left <= 0:
+        raise BudgetSpent(call, budget_seconds())
+
+
+def within_budget(call: str, seconds: float | None) -> tuple[float | None, bool]:
+    """How long a wait for ``call`` may last: ``seconds`` cut at the budget's deadline, and whether
+    the budget is what cut it (a wait that ends then raises :class:`BudgetSpent`, not a hang).
+    Raises :class:`BudgetSpent` when no time is left."""
+    check_budget(call)
+    left = time_left()
+    if left is not None and (seconds is None or left < seconds):
+        return left, True
+    return seconds, False
 
 
 _signalled: list[int] = []
@@ -169,20 +237,25 @@ def _armed() -> bool:
 
 @contextlib.contextmanager
 def call_limit(call: str, seconds: float | None) -> Iterator[None]:
-    """Raise :class:`EngineHung` in the calling (main) thread if the body runs over ``seconds``.
+    """Raise :class:`EngineHung` in the calling (main) thread if the body runs over ``seconds``,
+    and :class:`BudgetSpent` if it runs past the run's budget (:func:`run_budget`) first; the
+    budget is checked on entry too (so it ends a run between calls on any thread).
 
-    A no-op when ``seconds`` is ``None``, off the main thread, or where ``SIGALRM`` is missing.
+    A no-op when there is neither limit, off the main thread, or where ``SIGALRM`` is missing.
     Nested limits are not supported (the outer one is suspended).
     """
-    if seconds is None or not _armed():
+    wait, by_budget = within_budget(call, seconds)
+    if wait is None or not _armed():
         yield
         return
+    spent = BudgetSpent(call, budget_seconds()) if by_budget else None
+    limit = wait
 
     def fire(signum: int, frame: FrameType | None) -> None:
-        raise EngineHung(call, seconds)
+        raise spent if spent is not None else EngineHung(call, limit)
 
     previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, min(seconds, 1e6))
+    signal.setitimer(signal.ITIMER_REAL, max(min(wait, 1e6), 1e-3))
     try:
         yield
     finally:

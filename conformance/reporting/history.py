@@ -31,7 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .history_fetch import FetchError, cached, fetch, version_key
+from ..protocol.watchdog import BudgetSpent
+from ..running.supervise import BUDGET_SLACK
+from .history_fetch import PIP_TIMEOUT_S, FetchError, cached, fetch, version_key
 
 HISTORY_PATH = Path("docs/HISTORY.md")
 HISTORY_EXAMPLES = 60
@@ -39,7 +41,10 @@ HISTORY_EXAMPLES = 60
 suite run, keeps 56 releases to about an hour on two cores and the CI subset to minutes). The
 shipped vectors all run."""
 RELEASE_TIMEOUT_S = 1800.0
-"""Longest one release's worker may run (the default suite takes a few minutes on a shared core)."""
+"""The default time budget of one release's run (``--release-budget``; the default suite takes a
+few minutes on a shared core): its suite stops itself then and reports what it judged
+(``INCOMPLETE``); a worker still running :data:`~pagedprefix.conformance.running.supervise.BUDGET_SLACK`
+seconds later is killed, and the release is ``INCOMPLETE`` too."""
 
 CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.8.5", "0.10.1", "0.17.0", "0.33.0")
 """The fixed subset ``nox -s history`` checks: one per era of the API (the constructor before and
@@ -64,8 +69,18 @@ class ReleaseResult:
 # ----- the worker (one release, in its own process) ------------------------------------------------
 
 
-def run_release(root: Path, seed: int = 0, examples: int = HISTORY_EXAMPLES) -> dict[str, Any]:
-    """Load the release at ``root`` into this process and run the default suite on it."""
+def run_release(
+    root: Path, seed: int = 0, examples: int = HISTORY_EXAMPLES, budget: float | None = None
+) -> dict[str, Any]:
+    """Load the release at ``root`` into this process and run the default suite on it, within
+    ``budget`` seconds (the load included)."""
+    from ..protocol.watchdog import run_budget
+
+    with run_budget(budget):
+        return _run_release(root, seed, examples, budget)
+
+
+def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> dict[str, Any]:
     from ..engines.vllm_release import load, release_factory
     from ..running.suite import SuiteOptions, run_suite
     from .matrix import strongest_profile
@@ -74,9 +89,8 @@ def run_release(root: Path, seed: int = 0, examples: int = HISTORY_EXAMPLES) -> 
     release, info = load(root)
     caps = release_capabilities_json(info)
     profile = strongest_profile(factory.capabilities)  # type: ignore[attr-defined]
-    report = run_suite(
-        factory, SuiteOptions(profile=profile, seed=seed, max_examples=examples), "vllm", extra_groups=[]
-    )
+    options = SuiteOptions(profile=profile, seed=seed, max_examples=examples, time_budget=budget)
+    report = run_suite(factory, options, "vllm", extra_groups=[])
     verdict = "PASS" if report.exit_code == 0 else ("INCOMPLETE" if report.exit_code == 3 else "FAIL")
     failing = [r.to_json() for r in report.rows if r.status == "fail"]
     return {
@@ -85,7 +99,7 @@ def run_release(root: Path, seed: int = 0, examples: int = HISTORY_EXAMPLES) -> 
         "profile": profile,
         "failing": failing,
         "capabilities": caps,
-        "reason": "; ".join(report.errors),
+        "reason": "; ".join([*report.errors, *([report.stop_reason()] if report.incomplete else [])]),
         "seconds": round(report.seconds, 1),
     }
 
@@ -107,8 +121,11 @@ def release_capabilities_json(info: Any) -> dict[str, Any]:
 
 def _worker_main(argv: Sequence[str]) -> int:
     root, seed, examples, out = Path(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
+    budget = float(argv[4]) if len(argv) > 4 else None
     try:
-        result = run_release(root, seed, examples)
+        result = run_release(root, seed, examples, budget)
+    except BudgetSpent as spent:  # the budget ran out while the release loaded
+        result = {"verdict": "INCOMPLETE", "reason": f"not judged: {spent}"}
     except Exception as exc:  # the release could not be driven: say why, never a verdict
         result = {"verdict": "not driven", "reason": f"{type(exc).__name__}: {exc}"[:400]}
     out.write_text(json.dumps(result), encoding="utf-8")
@@ -126,11 +143,21 @@ def drive(
     examples: int = HISTORY_EXAMPLES,
     offline: bool = False,
     timeout_s: float = RELEASE_TIMEOUT_S,
+    deadline: float | None = None,
 ) -> ReleaseResult:
-    """Fetch (or read from the cache) and judge one release in a worker process."""
+    """Fetch (or read from the cache) and judge one release in a worker process, within
+    ``timeout_s`` seconds (the release's budget) and before ``deadline`` (``time.monotonic()``: the
+    whole history's budget); a release the budget cut short is ``INCOMPLETE``."""
     start = time.perf_counter()
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        return ReleaseResult(version, "INCOMPLETE", reason="not run: the history's time budget ran out")
+    budget = timeout_s if left is None else min(timeout_s, left)
     try:
-        got = cached(cache_dir, version) if offline else fetch(cache_dir, version)
+        if offline:
+            got = cached(cache_dir, version)
+        else:
+            got = fetch(cache_dir, version, timeout_s=min(PIP_TIMEOUT_S, budget))
     except FetchError as exc:
         return ReleaseResult(version, "not driven", reason=f"no wheel: {exc}")
     if got is None:
@@ -145,13 +172,17 @@ def drive(
         str(seed),
         str(examples),
         str(out),
+        repr(max(budget - (time.perf_counter() - start), 0.0)),
     ]
     env = dict(os.environ, PYTHONHASHSEED="0", VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=budget + BUDGET_SLACK, env=env, check=False
+        )
         data = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else None
-    except subprocess.TimeoutExpired:
-        data = {"verdict": "not driven", "reason": f"the worker ran over {timeout_s:.0f} s"}
+    except subprocess.TimeoutExpired:  # the hard bound: the worker did not stop at its budget
+        why = f"the worker had not ended {BUDGET_SLACK:g} s after its time budget of {budget:.0f} s: killed"
+        data = {"verdict": "INCOMPLETE", "reason": why}
         proc = None
     finally:
         out.unlink(missing_ok=True)
@@ -184,12 +215,22 @@ def run_history(
     offline: bool = False,
     examples: int = HISTORY_EXAMPLES,
     progress: Callable[[ReleaseResult], None] | None = None,
+    release_budget: float = RELEASE_TIMEOUT_S,
+    time_budget: float | None = None,
 ) -> list[ReleaseResult]:
-    """Judge ``versions`` with at most ``jobs`` worker processes at once, oldest first in the result."""
+    """Judge ``versions`` with at most ``jobs`` worker processes at once, oldest first in the
+    result; each release within ``release_budget`` seconds, all of them within ``time_budget``
+    (a release not finished in time is ``INCOMPLETE``, one not started ``INCOMPLETE`` with
+    ``not run``)."""
     results: list[ReleaseResult] = []
+    deadline = None if time_budget is None else time.monotonic() + time_budget
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [
-            pool.submit(drive, v, cache_dir, seed=seed, examples=examples, offline=offline) for v in versions
+            pool.submit(
+                drive, v, cache_dir, seed=seed, examples=examples, offline=offline,
+                timeout_s=release_budget, deadline=deadline,
+            )
+            for v in versions
         ]
         for f in futures:
             r = f.result()

@@ -30,7 +30,7 @@ from typing import Any
 from ..engines.notes import ABOUT, NOT_DRIVEN, NOTES, PASS_NOTE
 from ..protocol import Capabilities, EngineUnavailable, import_factory
 from ..protocol.channels import Channel, channels_of, unreached
-from ..protocol.watchdog import EngineLost
+from ..protocol.watchdog import BudgetSpent, EngineLost, check_budget, time_left
 from ..running.suite import (
     ENGINE_SHORT_NAMES,
     CheckGroup,
@@ -112,8 +112,11 @@ def run_cells(
     if engine.not_driven:
         return [Cell(engine.name, version, "-", "not driven")]
     try:
+        check_budget(f"the start of {engine.name}")
         factory = load_engine(engine.name)
         caps = probe_capabilities(factory)
+    except BudgetSpent as spent:  # the matrix's --time-budget: not judged, not a FAIL
+        return [Cell(engine.name, version, "-", "INCOMPLETE", error=f"not run: {spent}")]
     except EngineLost as exc:  # it loaded, then hung or exited: a FAIL, not a missing engine
         return [Cell(engine.name, version, "-", "FAIL", error=str(exc))]
     except (EngineUnavailable, RuntimeError) as exc:
@@ -123,6 +126,11 @@ def run_cells(
         for profile in dict.fromkeys((strongest_profile(caps), "core")):
             if progress is not None:
                 progress(f"{engine.name} at {profile}")
+            left = time_left()
+            if left is not None and left <= 0:
+                why = "not run: the time budget ran out"
+                cells.append(Cell(engine.name, version, profile, "INCOMPLETE", error=why))
+                continue
             report = run_suite(
                 factory, SuiteOptions(profile=profile, seed=seed), engine.name, extra_groups=groups
             )
@@ -192,8 +200,8 @@ def _cell(engine: str, version: str, profile: str, report: SuiteReport) -> Cell:
     skipped = [r for r in report.rows if r.status == "skip" and r.kind in ("capability", "property", "group")]
     cell = Cell(engine, version, profile, verdict, failing, skipped, report.seconds)
     cell.reached = dict(report.reached)
-    if report.errors:
-        cell.error = "; ".join(report.errors)
+    if report.errors or report.incomplete:
+        cell.error = "; ".join([*report.errors, *([report.stop_reason()] if report.incomplete else [])])
     return cell
 
 

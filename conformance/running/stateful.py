@@ -13,8 +13,9 @@ A run is defined by ``max_examples``, split into chunks of :data:`CHUNK` example
 seeded from ``seed``. When a property fails, its counterexample is minimized and the chunk is
 run again with that property *disabled* (examples reaching its violation are discarded), so every
 failing property gets its own first counterexample and the run still covers every planned
-example. The wall-clock ``time_budget`` is only a safety stop: if it fires, no new chunk starts
-and the report is marked *incomplete*. An engine call that does not return
+example. The wall-clock ``time_budget`` bounds the whole run: when it runs out, the engine call in
+flight is cut (:class:`~pagedprefix.conformance.protocol.watchdog.BudgetSpent`), no new chunk
+starts, and the report is marked *incomplete*. An engine call that does not return
 (:class:`~pagedprefix.conformance.protocol.watchdog.EngineHung`), or one that exits (``EngineExited``),
 ends the run at once.
 """
@@ -27,13 +28,13 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import HypothesisException, Unsatisfiable
 from pagedprefix import spec
 
 from ..generation.generate import FAMILIES, Context, Draw, FamilyInfo
@@ -44,7 +45,7 @@ from ..judging.model import EngineRun, SpecModel, adapter_capabilities, build_ad
 from ..judging.properties import PROPERTIES, Violation, at_least, profile_rank
 from ..protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
 from ..protocol.codec import config_to_json
-from ..protocol.watchdog import EngineLost
+from ..protocol.watchdog import BudgetSpent, EngineLost, budget_seconds, run_budget, time_left
 
 POLICIES: tuple[tuple[str, bool], ...] = (
     ("unhashed_to_head", False),
@@ -76,7 +77,8 @@ class StatefulReport:
     """Outcome of :func:`run_conformance`.
 
     ``examples``/``planned``: examples run and planned; ``incomplete``: the time budget stopped the
-    run before every planned example ran (a safety stop, not a verdict); ``hung``: an engine call
+    run before every planned example ran, or cut a minimization short (a safety stop, not a
+    verdict); ``hung``: an engine call
     did not return, or the engine exited (``EngineLost``: the run ended there).
     """
 
@@ -88,6 +90,8 @@ class StatefulReport:
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
     incomplete: bool = False
+    stopped: str = ""
+    """What stopped the run early (the time budget, and where), or ``""``."""
     hung: EngineLost | None = None
     hybrid_examples: int = 0
     """Examples whose config had hybrid groups (engines declaring ``groups``)."""
@@ -458,8 +462,16 @@ def run_chunk(
         if rec.found is not None or rec.hung is not None:
             raise _Stop
 
-    with contextlib.suppress(Unsatisfiable, _Stop):
+    try:
         examples()
+    except (Unsatisfiable, _Stop):
+        pass
+    except HypothesisException:
+        # A stop that depends on the clock (a hang, the time budget) can end an example earlier
+        # than an earlier one with the same choices ran: Hypothesis calls that flaky. The stop is
+        # recorded; what Hypothesis makes of it is not a verdict.
+        if rec.hung is None:
+            raise
 
 
 def property_skip_reason(name: str, profile: str, caps: Capabilities) -> str | None:
@@ -506,7 +518,10 @@ def run_conformance(
         profile: one of ``single-namespace``, ``core``, ``maximal``, ``lru``, ``exact``.
         seed_value: the seed; the same seed and engine behaviour give the same report.
         max_examples, steps: examples in the run and operations per example.
-        time_budget: safety stop in seconds: no new chunk starts after it (report ``incomplete``).
+        time_budget: seconds the whole run may take (with any budget the caller set,
+            :func:`~pagedprefix.conformance.protocol.watchdog.run_budget`): when it runs out the
+            engine call in flight is cut, a minimization in progress keeps its smallest failure so
+            far, and the report is ``incomplete``.
         max_failures: stop after this many failing properties.
         minimize_replays: replays the minimizer may spend on each counterexample.
         progress: ``progress(done, total)`` after each chunk of examples.
@@ -517,7 +532,7 @@ def run_conformance(
     profile_rank(profile)
     start = time.perf_counter()
     report = StatefulReport(profile, None, planned=max_examples)
-    with quiet_hypothesis():
+    with quiet_hypothesis(), run_budget(time_budget):
         try:
             caps, _ = probe(adapter_factory)
         except UnsupportedConfig as exc:
@@ -527,6 +542,10 @@ def run_conformance(
             return report
         except (Violation, spec.PrefixCacheError) as exc:
             report.errors.append(f"cannot build the engine: {exc}")
+            return report
+        except BudgetSpent as spent:
+            report.incomplete = True
+            report.stopped = str(spent)
             return report
         except EngineLost as hung:
             report.hung = hung
@@ -540,8 +559,6 @@ def run_conformance(
             report,
             settings,
             seed_value,
-            time_budget,
-            start,
             progress,
             max_failures,
             minimize_replays,
@@ -557,8 +574,6 @@ def _run_chunks(
     report: StatefulReport,
     settings: Settings | None,
     seed_value: int,
-    time_budget: float | None,
-    start: float,
     progress: Callable[[int, int], None] | None,
     max_failures: int,
     minimize_replays: int,
@@ -570,12 +585,19 @@ def _run_chunks(
     failures: dict[str, Failure] = {}
     done = chunk = 0
     while done < total:
-        if time_budget is not None and done > 0 and time.perf_counter() - start > time_budget:
+        left = time_left()
+        if left is not None and left <= 0:
             report.incomplete = True
+            report.stopped = str(BudgetSpent("", budget_seconds())) + " between examples"
             break
         n = min(CHUNK, total - done)
         rec = _Recorder()
         run_chunk(setup, frozenset(disabled), _settings(settings, n), seed_value * 1_000_003 + chunk, rec)
+        if isinstance(rec.hung, BudgetSpent):  # the user's budget, not the engine: incomplete
+            report.incomplete = True
+            report.stopped = str(rec.hung)
+            report.examples += rec.examples
+            break
         if rec.hung is not None:
             report.hung = rec.hung
             failures["engine-errors"] = _hung_failure(rec.hung, setup.profile)
@@ -612,9 +634,20 @@ def _minimized(
         return None
     try:
         best = minimize(setup.factory, found, setup.profile, disabled, setup.caps, replays)
+    except BudgetSpent as spent:  # it failed, but no replay of it finished in time
+        report.incomplete = True
+        report.stopped = str(spent)
+        why = f"an example violated it; {spent} before the example could be replayed and shown"
+        return Failure(found.prop, why, "  (not replayed: the time budget ran out)", {})
     except EngineLost as hung:
         report.hung = hung
         return _hung_failure(hung, setup.profile)
+    if best is not None and best.cut_short:
+        report.incomplete = True
+        report.stopped = best.cut_short
+        failure = render_failure(best, setup.profile)
+        note = f"(not fully minimized: {best.cut_short})"
+        return replace(failure, detail=f"{failure.detail}\n\n{note}".strip())
     if best is None:
         report.errors.append(
             f"a failure of {found.prop} did not reproduce on replay (non-deterministic engine?)"

@@ -125,7 +125,16 @@ from pagedprefix.spec.events import EventBatch, GroupKey, batch_from_json
 
 from ..protocol import AdapterFactory, Capabilities, EngineUnavailable, PrefixCacheAdapter, UnsupportedConfig
 from ..protocol.codec import Json, config_to_json, make_error
-from ..protocol.watchdog import DEFAULT_CALL_TIMEOUT, DEFAULT_START_TIMEOUT, EngineExited, EngineHung
+from ..protocol.watchdog import (
+    DEFAULT_CALL_TIMEOUT,
+    DEFAULT_START_TIMEOUT,
+    BudgetSpent,
+    EngineExited,
+    EngineHung,
+    EngineLost,
+    budget_seconds,
+    within_budget,
+)
 from .lifetime import start_kept
 
 PROTOCOL = "pagedprefix-jsonl"
@@ -193,6 +202,7 @@ class JsonLinesProcess:
         self.argv = list(argv)
         self.call_timeout = call_timeout
         self.start_timeout = start_timeout
+        wait, _ = within_budget("start", start_timeout)  # the keeper reports in milliseconds
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
         try:
             self.kept = start_kept(
@@ -201,7 +211,7 @@ class JsonLinesProcess:
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,
                 env=env,
-                timeout=start_timeout,
+                timeout=start_timeout if wait is None else wait,
             )
         except OSError as exc:
             self._stderr.close()
@@ -218,7 +228,7 @@ class JsonLinesProcess:
         :attr:`versions` is killed (:meth:`refusal` says why)."""
         try:
             hello = self.call("hello", {}, self.start_timeout)
-        except EngineUnavailable:
+        except (EngineUnavailable, BudgetSpent):
             self.kill()
             raise
         except (EngineProcessError, EngineHung, RemoteEngineError) as exc:
@@ -251,7 +261,9 @@ class JsonLinesProcess:
         tail = self.stderr_tail()
         return f"engine stderr: ...{tail[-STDERR_TAIL:]}" if tail else ""
 
-    def _readline(self, method: str, timeout: float) -> bytes:
+    def _readline(self, method: str, timeout: float, by_budget: bool = False) -> bytes:
+        """The next reply line, within ``timeout`` seconds (``by_budget``: the run's budget set that
+        time, and it ends in :class:`BudgetSpent`, not :class:`EngineHung`)."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
@@ -259,6 +271,8 @@ class JsonLinesProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
+                if by_budget:
+                    raise BudgetSpent(method, budget_seconds())
                 raise EngineHung(method, timeout, self._why())
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
@@ -280,8 +294,10 @@ class JsonLinesProcess:
     def call(self, method: str, params: dict[str, Json], timeout: float | None = None) -> Json:
         """Send one request and wait (at most the call limit) for its response; raise the error
         it carries (the spec's typed errors, ``UnsupportedConfig``, ``EngineUnavailable``,
-        :class:`RemoteEngineError`)."""
-        limit = self.call_timeout if timeout is None else timeout
+        :class:`RemoteEngineError`). The wait is cut at the run's budget
+        (:func:`~pagedprefix.conformance.protocol.watchdog.within_budget`): :class:`BudgetSpent`."""
+        wait, by_budget = within_budget(method, self.call_timeout if timeout is None else timeout)
+        limit = self.call_timeout if wait is None else wait
         with self._lock:
             if self.proc.poll() is not None or self.proc.stdin is None:
                 how = exit_description(self.proc.returncode)
@@ -299,7 +315,7 @@ class JsonLinesProcess:
                 how = f"{exit_description(self.proc.returncode)} ({exc})"
                 raise EngineProcessExited(self.argv[0], method, how, self._why()) from exc
             try:
-                line = self._readline(method, limit)
+                line = self._readline(method, limit, by_budget)
             except BaseException:
                 # The reply never came (a time limit, a dead server, an interrupt, a signal): the
                 # channel is out of step, so the server is killed now, not asked to clean up.
@@ -547,7 +563,7 @@ class SubprocessAdapter:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            with contextlib.suppress(EngineProcessError, EngineHung, RemoteEngineError):
+            with contextlib.suppress(EngineProcessError, EngineLost, RemoteEngineError):
                 self._call("drop")
 
 

@@ -42,10 +42,13 @@ from ..protocol.channels import recording
 from ..protocol.watchdog import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_START_TIMEOUT,
+    BudgetSpent,
     EngineLost,
     candidate_exit,
+    check_budget,
     harness_signals,
     limit_in_process_calls,
+    run_budget,
 )
 from .stateful import PROBE_BLOCK_SIZES, StatefulReport, probe, run_conformance
 from .vectors import VectorRunReport, run_vectors
@@ -88,9 +91,12 @@ DEFAULT_TIME_BUDGET = 600.0
 class SuiteOptions:
     """What a suite run does.
 
-    ``time_budget`` is a safety stop (seconds): when it fires, no new stateful chunk starts and
-    the report is ``incomplete``. ``call_timeout``: seconds an in-process adapter call may take
-    (a worker-process engine gets its limit from :func:`load_engine`). ``database``: a directory
+    ``time_budget`` bounds the whole run (seconds, with any budget the caller set:
+    :func:`~pagedprefix.conformance.protocol.watchdog.run_budget`): when it runs out, the engine
+    call in flight is cut, what was judged so far is reported, every phase not run is a ``skip``
+    row saying so, and the report is ``incomplete`` (exit 3 when nothing failed).
+    ``call_timeout``: seconds an in-process adapter call may take (a worker-process engine gets
+    its limit from :func:`load_engine`). ``database``: a directory
     where each minimal counterexample is saved as a vector file, and whose vector files are run
     first (none by default: nothing is written anywhere).
     """
@@ -136,6 +142,11 @@ class SuiteReport:
     reached: dict[str, int] = field(default_factory=dict)
     """Requests the run sent to the engine, per reach marker (``"request"`` and each extra kind
     their extras used; :mod:`pagedprefix.conformance.protocol.channels`)."""
+    stopped: str = ""
+    """Where the time budget ended the run (``"the time budget of 20 s ran out during allocate"``),
+    or ``""``."""
+    pending: list[tuple[str, str]] = field(default_factory=list)
+    """Phases still to run (name, kind): those left when the budget ends the run are ``skip`` rows."""
 
     @property
     def ok(self) -> bool:
@@ -143,8 +154,16 @@ class SuiteReport:
 
     @property
     def incomplete(self) -> bool:
-        """The time budget stopped the stateful run before every planned example ran."""
-        return self.stateful is not None and self.stateful.incomplete
+        """The time budget ended the run before everything planned was judged."""
+        return bool(self.stop_reason())
+
+    def stop_reason(self) -> str:
+        """What the time budget cut short (``""``: nothing)."""
+        if self.vectors is not None and self.vectors.stopped:
+            return self.vectors.stopped.removeprefix("not run: ")
+        if self.stateful is not None and self.stateful.incomplete:
+            return self.stateful.stopped or "the time budget ran out in the stateful run"
+        return self.stopped
 
     @property
     def exit_code(self) -> int:
@@ -168,6 +187,7 @@ class SuiteReport:
             "seed": self.options.seed,
             "ok": self.ok,
             "incomplete": self.incomplete,
+            "stopped": self.stop_reason(),
             "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
             "capabilities": None if self.capabilities is None else self.capabilities.to_json(),
@@ -387,9 +407,12 @@ def run_suite(
     start = time.perf_counter()
     report = SuiteReport(engine_name, options)
     limit = None if getattr(factory, "isolated", False) else options.call_timeout
-    with harness_signals(), limit_in_process_calls(limit), recording() as reached:
+    budget = run_budget(options.time_budget)
+    with harness_signals(), budget, limit_in_process_calls(limit), recording() as reached:
         try:
-            _run_all(factory, options, report, progress, extra_groups, start)
+            _run_all(factory, options, report, progress, extra_groups)
+        except BudgetSpent as spent:
+            _stopped_rows(report, spent)
         except EngineLost as lost:
             _lost_row(report, lost)
         except BaseException as exc:  # the candidate's exit outside a guarded call (e.g. close())
@@ -400,10 +423,27 @@ def run_suite(
         finally:
             report.reached = dict(reached)
     if report.ok and not judged(report):
-        why = "every case was skipped (capabilities, profile, options): a run that judged nothing is no pass"
-        report.rows.append(CheckResult("nothing-judged", "property", "fail", why))
+        if report.incomplete:  # not a pass either: exit 3
+            why = f"the time budget ran out before anything was judged ({report.stop_reason()})"
+            report.rows.append(CheckResult("nothing-judged", "property", "skip", why))
+        else:
+            why = "every case was skipped (capabilities, profile, options): "
+            why += "a run that judged nothing is no pass"
+            report.rows.append(CheckResult("nothing-judged", "property", "fail", why))
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _stopped_rows(report: SuiteReport, spent: BudgetSpent) -> None:
+    """The time budget ended the run: a ``skip`` row for each phase it did not reach."""
+    report.stopped = str(spent)
+    if report.vectors is not None and not any(r.kind == "vectors" for r in report.rows):
+        report.rows.extend(_vector_rows(report.vectors))
+    for name, kind in report.pending:
+        report.rows.append(CheckResult(name, kind, "skip", f"not run: {spent}"))
+    report.pending.clear()
+    if report.capabilities is not None:
+        report.rows.extend(_capability_rows(report.capabilities, report.options.profile))
 
 
 def _lost_row(report: SuiteReport, lost: EngineLost) -> None:
@@ -429,8 +469,10 @@ def _run_all(
     report: SuiteReport,
     progress: Callable[[str, int, int], None] | None,
     extra_groups: Sequence[tuple[str, CheckGroup]] | None,
-    start: float,
 ) -> None:
+    groups = EXTRA_CHECK_GROUPS if extra_groups is None else extra_groups
+    report.pending = [("vectors", "vectors"), ("stateful runner", "property"), (KEY_SEEDING, "property")]
+    report.pending += [(name, "group") for name, _ in groups]
     probed = _probe(factory, report)
     if probed is None:
         return
@@ -453,8 +495,10 @@ def _run_all(
     report.vectors = run_vectors(
         factory, options.profile, dirs, options.builtin_vectors, phase("vectors"), caps
     )
+    _done(report, "vectors")
+    check_budget()  # the budget ran out in the vectors: the run ends there
     if options.stateful:
-        report.stateful = _run_stateful(factory, options, phase("stateful"), start)
+        report.stateful = _run_stateful(factory, options, phase("stateful"))
         report.errors.extend(report.stateful.errors)
         if options.database is not None:
             save_counterexamples(report.stateful, options.database)
@@ -465,18 +509,27 @@ def _run_all(
         for prop in PROPERTIES:
             report.rows.append(CheckResult(prop.name, "property", "skip", "stateful runner not run"))
     report.rows.extend(_vector_rows(report.vectors))
+    _done(report, "stateful runner")
     if report.stateful is not None and report.stateful.hung is not None:
+        report.pending.clear()
         return
+    check_budget()  # a run the budget cut short in the stateful runner ends there
     status, detail = key_seeding_result(factory, caps, probe_config.block_size)
     report.rows.append(CheckResult(KEY_SEEDING, "property", status, detail))
-    for name, group in EXTRA_CHECK_GROUPS if extra_groups is None else extra_groups:
+    _done(report, KEY_SEEDING)
+    for name, group in groups:
         try:
             report.rows.extend(group(factory, options))
         except EngineLost:
             raise
         except Exception as exc:
             report.rows.append(CheckResult(name, "group", "fail", f"{type(exc).__name__}: {exc}"))
+        _done(report, name)
     report.rows.extend(_capability_rows(caps, options.profile))
+
+
+def _done(report: SuiteReport, phase: str) -> None:
+    report.pending = [(name, kind) for name, kind in report.pending if name != phase]
 
 
 def save_counterexamples(stateful: StatefulReport, directory: Path) -> list[Path]:
@@ -517,18 +570,15 @@ def _probe(factory: AdapterFactory, report: SuiteReport) -> tuple[Capabilities, 
 
 
 def _run_stateful(
-    factory: AdapterFactory, options: SuiteOptions, progress: Callable[[int, int], None], start: float
+    factory: AdapterFactory, options: SuiteOptions, progress: Callable[[int, int], None]
 ) -> StatefulReport:
-    remaining = None
-    if options.time_budget is not None:
-        remaining = max(1.0, options.time_budget - (time.perf_counter() - start))
-    return run_conformance(
+    return run_conformance(  # under the run's budget (run_suite)
         factory,
         profile=options.profile,
         seed_value=options.seed,
         max_examples=options.max_examples,
         steps=options.steps,
-        time_budget=remaining,
+        time_budget=None,
         progress=progress,
         echo=None,
     )
@@ -552,11 +602,11 @@ def row_label(row: CheckResult) -> str:
 def verdict_line(report: SuiteReport) -> str:
     """``PASS``, ``FAIL`` or ``INCOMPLETE`` with the time and, when incomplete, the examples run."""
     if not report.ok:
-        verdict = "FAIL"
+        verdict = "FAIL" + (f" (and incomplete: {report.stop_reason()})" if report.incomplete else "")
     elif report.incomplete:
         st = report.stateful
-        assert st is not None
-        verdict = f"INCOMPLETE ({st.examples} of {st.planned} stateful examples: the time budget fired)"
+        ran = f"; {st.examples} of {st.planned} stateful examples ran" if st is not None else ""
+        verdict = f"INCOMPLETE ({report.stop_reason()}{ran})"
     else:
         verdict = "PASS"
     return f"{verdict} in {report.seconds:.1f}s"

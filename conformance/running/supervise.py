@@ -19,6 +19,19 @@ to the parent are forwarded to the child, whose handlers end the run in order
 (:func:`pagedprefix.conformance.protocol.watchdog.note_harness_signal`; a second SIGINT within a second of
 the first, as a terminal's Ctrl-C delivers to both, is not a second interrupt).
 
+The parent also holds the two bounds a user states (docs/SECURITY.md "Time budget and signals"),
+whatever the candidate does in the child (a C extension that holds the GIL, a stuck clean-up):
+
+- **the time budget**: a command given ``budget`` seconds (``--time-budget``) ends within
+  ``budget + BUDGET_SLACK`` seconds. The child stops itself at the budget
+  (:func:`pagedprefix.conformance.protocol.watchdog.run_budget`) and reports what it judged; if it
+  has not ended :data:`BUDGET_SLACK` seconds later, the parent kills it, says so in one line, and
+  exits 3 (incomplete);
+- **signals**: after SIGINT, SIGTERM or SIGHUP the command ends within :data:`SIGNAL_GRACE`
+  seconds: the child gets the signal and that long to end in order, then it is killed; the exit
+  status is ``128 + signum`` (130 for Ctrl-C). Every engine process ends with it (the keepers,
+  :mod:`pagedprefix.conformance.running.lifetime`).
+
 The fork is made only where it is safe and useful: on a platform with ``os.fork``, when standard
 output and standard error are the process's own file descriptors 1 and 2 (so the child's output
 reaches the same place; a caller that captured them in Python objects, e.g. ``typer.testing.CliRunner``,
@@ -31,9 +44,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -47,9 +62,16 @@ from ..protocol.watchdog import (
     harness_signalled,
     harness_signals,
     note_harness_signal,
+    run_budget,
 )
 
 DISABLE_ENV = "PAGEDPREFIX_NO_SUPERVISE"
+BUDGET_SLACK = 15.0
+"""Seconds past its time budget after which a run that has not ended is killed (exit 3)."""
+SIGNAL_GRACE = 5.0
+"""Seconds a run has to end after a stop signal (SIGINT, SIGTERM, SIGHUP) before it is killed."""
+POLL = 0.1
+"""Seconds between the parent's checks of those two bounds."""
 FORWARDED = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
@@ -93,13 +115,18 @@ def can_supervise() -> bool:
     )
 
 
-def supervised(body: Callable[[], int], command: str) -> int:
+def supervised(body: Callable[[], int], command: str, budget: float | None = None) -> int:
     """Run ``body`` (the run of ``pagedprefix COMMAND``; it returns the exit status) in a child
     process and return the status it reported, or 1 (after one line on stderr) when the child
-    ended without reporting one. Runs ``body`` here, unsupervised, where :func:`can_supervise` is
-    false. Never raises for what the child does."""
+    ended without reporting one. ``budget``: the run's time budget in seconds: the child runs
+    under it, and is killed :data:`BUDGET_SLACK` seconds after it (status 3). Runs ``body`` here,
+    unsupervised (with the budget, without the hard bounds), where :func:`can_supervise` is false.
+    Never raises for what the child does."""
     if not can_supervise():
-        return _guarded_body(body, command)
+        with run_budget(budget):
+            return _guarded_body(body, command)
+    hard_stop = None if budget is None else time.monotonic() + budget + BUDGET_SLACK
+    _signalled_at.clear()
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -108,7 +135,8 @@ def supervised(body: Callable[[], int], command: str) -> int:
         os.close(read_end)
         code = 1
         try:
-            code = _guarded_body(body, command)
+            with run_budget(budget):
+                code = _guarded_body(body, command)
         finally:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
@@ -118,8 +146,15 @@ def supervised(body: Callable[[], int], command: str) -> int:
             os._exit(code)
     os.close(write_end)
     with _forwarding(pid):
-        reported = _read_all(read_end)
+        reported, killed = _await(read_end, pid, hard_stop)
         status = _wait(pid)
+    if killed == "budget":
+        print(
+            f"pagedprefix {command}: INCOMPLETE: the time budget of {budget:g} s ran out and the run "
+            f"had not ended {BUDGET_SLACK:g} s later: it was killed, with every engine process",
+            file=sys.stderr,
+        )
+        return 3
     try:
         return int(reported.strip())
     except ValueError:
@@ -137,9 +172,9 @@ def supervised(body: Callable[[], int], command: str) -> int:
     return 1
 
 
-def supervised_command(run: Callable[[], object], command: str) -> NoReturn:
+def supervised_command(run: Callable[[], object], command: str, budget: float | None = None) -> NoReturn:
     """Run a typer command's ``run`` (which ends normally, or with ``typer.Exit(code)``) under
-    :func:`supervised`, and end the command with the status it reported."""
+    :func:`supervised` (with its time ``budget``), and end the command with the status it reported."""
 
     def body() -> int:
         try:
@@ -148,7 +183,7 @@ def supervised_command(run: Callable[[], object], command: str) -> NoReturn:
             return int(done.exit_code)
         return 0
 
-    raise typer.Exit(supervised(body, command))
+    raise typer.Exit(supervised(body, command, budget))
 
 
 def _guarded_body(body: Callable[[], int], command: str) -> int:
@@ -173,19 +208,45 @@ def _guarded_body(body: Callable[[], int], command: str) -> int:
         return 1
 
 
-def _read_all(fd: int) -> str:
+def _await(fd: int, pid: int, hard_stop: float | None) -> tuple[str, str]:
+    """What the child reports on ``fd`` until it closes it, and why the parent killed the child
+    (``"budget"``: past ``hard_stop``; ``"signal"``: :data:`SIGNAL_GRACE` after a stop signal;
+    ``""``: it was not killed)."""
     chunks = []
+    killed = ""
+    killed_at = 0.0
     with contextlib.suppress(OSError):
         while True:
-            try:
-                chunk = os.read(fd, 4096)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
+            if not killed:
+                killed = _past_bound(hard_stop)
+                if killed:
+                    killed_at = time.monotonic()
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            elif time.monotonic() > killed_at + 2.0:  # a process that inherited the pipe keeps it open
+                break
+            ready, _, _ = select.select([fd], [], [], POLL)
+            if not ready:
                 continue
+            chunk = os.read(fd, 4096)
             if not chunk:
                 break
             chunks.append(chunk)
     os.close(fd)
-    return b"".join(chunks).decode("ascii", "replace")
+    return b"".join(chunks).decode("ascii", "replace"), killed
+
+
+def _past_bound(hard_stop: float | None) -> str:
+    now = time.monotonic()
+    if _signalled_at and now > _signalled_at[0] + SIGNAL_GRACE:
+        return "signal"
+    if hard_stop is not None and now > hard_stop and not _signalled_at:
+        return "budget"
+    return ""
+
+
+_signalled_at: list[float] = []
+"""When the parent got its first stop signal (monotonic clock)."""
 
 
 def _wait(pid: int) -> int:
@@ -214,6 +275,8 @@ def _forwarding(pid: int) -> Iterator[None]:
 
     def forward(signum: int, frame: FrameType | None) -> None:
         note_harness_signal(signum)
+        if not _signalled_at:
+            _signalled_at.append(time.monotonic())
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
 

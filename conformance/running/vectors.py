@@ -64,6 +64,7 @@ from ..judging.model import EngineRun, build_adapter
 from ..judging.properties import PROFILES, Violation
 from ..protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from ..protocol.codec import ERROR_KINDS, Json, config_from_json, error_kind
+from ..protocol.watchdog import BudgetSpent
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -312,6 +313,9 @@ class VectorRunReport:
     notes: list[str] = field(default_factory=list)
     orphans: dict[str, int] = field(default_factory=dict)
     """Per hybrid case that ran, the most orphans its spec expectations show (a diagnostic)."""
+    stopped: str = ""
+    """The run's time budget ran out here (the message), or ``""``; the cases from the one in
+    flight on are ``skip`` results saying so."""
 
     def by_status(self, status: str) -> list[CaseResult]:
         return [r for r in self.results if r.status == status]
@@ -477,7 +481,9 @@ def run_vectors(
     """Run the built-in vectors (unless ``builtin=False``) and every vector file under
     ``directories``. ``progress(done, total)`` is called after each case when given; ``caps``
     (the engine's probed capabilities) lets cases it cannot run be skipped without building an
-    engine. An engine call that does not return (``EngineHung``) propagates."""
+    engine. An engine call that does not return (``EngineHung``) propagates; when the run's time
+    budget runs out (``BudgetSpent``), the case in flight and every later one are ``skip`` results
+    (``stopped`` says why)."""
     report = VectorRunReport()
     files: list[VectorFile] = []
     dirs = ([VECTOR_DIR] if builtin else []) + [Path(d) for d in directories]
@@ -494,7 +500,14 @@ def run_vectors(
     done = 0
     for vf in files:
         for case in vf.cases:
-            result = run_case(factory, case, profile, vf.group, caps)
+            if report.stopped:
+                report.results.append(CaseResult(str(case["id"]), vf.group, "skip", message=report.stopped))
+                continue
+            try:
+                result = run_case(factory, case, profile, vf.group, caps)
+            except BudgetSpent as spent:  # the rest is listed as not run, and the run goes on to end
+                report.stopped = f"not run: {spent}"
+                result = CaseResult(str(case["id"]), vf.group, "skip", message=report.stopped)
             report.results.append(result)
             if result.status != "skip" and "groups" in case.get("requires", []):
                 seen = [s["expect"].get("orphans", 0) for s in case.get("steps", []) if isinstance(s, dict)]
