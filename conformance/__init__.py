@@ -1,15 +1,24 @@
 """The conformance suite: hold any prefix-caching engine to the spec.
 
+Its layers, bottom to top (docs/ARCHITECTURE.md; import contracts in ``pyproject.toml``):
+
 - :mod:`.protocol`: the adapter protocol (:class:`PrefixCacheAdapter`, :class:`Capabilities`,
-  ``AdapterFactory = Callable[[CacheConfig], PrefixCacheAdapter]``).
-- :mod:`.adapters`: the shipped factories ``spec`` and ``impl``.
-- :mod:`.vectors`: JSON test vectors generated from the spec
-  (``python -m pagedprefix.conformance.vectors [--check]``) and their runner.
-- :mod:`.stateful`: :func:`run_conformance`, the Hypothesis state machine with the spec as model.
-- :mod:`.judge`: the comparison rules (core-property checker, renaming of block ids, profiles).
-- :mod:`.suite`: everything in one report (:func:`run_suite`), engines by name, check groups.
-- :mod:`.cli`, :mod:`.pytest_plugin`: ``pagedprefix conform`` and ``pytest --pagedprefix-engine``.
-- :mod:`.subprocess_adapter`, :mod:`.jsonl_server`: engines in other languages over JSON lines.
+  ``AdapterFactory = Callable[[CacheConfig], PrefixCacheAdapter]``); :mod:`.protocol.adapters`:
+  the shipped factories ``spec``, ``impl`` and ``radix``; :mod:`.protocol.watchdog`: call limits
+  and the run's time budget.
+- :mod:`.judging`: the comparison rules (:mod:`.judging.judge`, :mod:`.judging.properties`: core
+  properties, renaming of block ids, profiles; :mod:`.judging.event_check`: KV-cache events).
+- :mod:`.generation`: the operation families, the scenario tables and the minimizer.
+- :mod:`.running`: :mod:`.running.stateful` (:func:`run_conformance`, the Hypothesis state machine
+  with the spec as model), :mod:`.running.vectors` (the vectors' runner), :mod:`.running.suite`
+  (everything in one report, :func:`run_suite`; engines by name; check groups), and
+  :mod:`.running.subprocess_adapter` / :mod:`.running.jsonl_server` (engines in other languages
+  over JSON lines).
+- :mod:`.engines`: the adapters of real engines (vLLM, SGLang, vLLM's releases).
+- :mod:`.reporting`: the matrix and the release history.
+- :mod:`.cli`, :mod:`.history_cli`, :mod:`.pytest_plugin`: ``pagedprefix conform`` / ``matrix`` /
+  ``history`` and ``pytest --pagedprefix-engine``; :mod:`.vectors`: the JSON test vectors generated
+  from the spec (``python -m pagedprefix.conformance.vectors [--check]``).
 
 See ``conformance/README.md``.
 """

@@ -21,7 +21,8 @@ from its result (the protocol's contract, ``conformance/README.md``):
 
 A write into a block another live request reads at that slot with other content breaks
 ``cow-isolation`` when the writer shares the block (its hit, its partial last block), and the
-held-block property (:attr:`~pagedprefix.conformance.judging.judge_base.Names.held`) otherwise.
+held-block property (the ``held`` name of
+:class:`~pagedprefix.conformance.judging.properties.Names`) otherwise.
 """
 
 from __future__ import annotations
