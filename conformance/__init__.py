@@ -20,11 +20,13 @@ Its layers, bottom to top (docs/ARCHITECTURE.md; import contracts in ``pyproject
   ``history`` and ``pytest --pagedprefix-engine``; :mod:`.vectors`: the JSON test vectors generated
   from the spec (``python -m pagedprefix.conformance.vectors [--check]``).
 
-See ``conformance/README.md``.
+Modules moved into the layers keep their old paths for one version, with a
+``DeprecationWarning`` (:mod:`._moved`). See ``conformance/README.md``.
 """
 
 from __future__ import annotations
 
+from . import _moved
 from .judging.properties import PROFILES, PROPERTIES, Property, Violation
 from .protocol import (
     ADAPTER_PROTOCOL_VERSION,
@@ -56,6 +58,9 @@ __all__ = [
     "run_suite",
     "run_vectors",
 ]
+
+
+_moved.install()  # the paths modules had before the layers, for one more version
 
 
 def __getattr__(name: str) -> object:
