@@ -16,7 +16,6 @@ loaded, an unknown scenario, an output that cannot be written), 130 the user's C
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 from pathlib import Path
@@ -27,7 +26,7 @@ from pagedprefix.conformance.protocol import EngineUnavailable
 from pagedprefix.conformance.protocol.watchdog import DEFAULT_CALL_TIMEOUT as CALL_TIMEOUT
 from pagedprefix.conformance.protocol.watchdog import DEFAULT_START_TIMEOUT as START_TIMEOUT
 from pagedprefix.conformance.protocol.watchdog import BudgetSpent, EngineHung
-from pagedprefix.conformance.reporting.outputs import path_problem
+from pagedprefix.conformance.reporting.outputs import UserError, check_seconds, path_problem
 from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError
 from pagedprefix.conformance.running.supervise import supervised_command
 from pagedprefix.replay.cli import ClusterArgs, ClusterRunner, ReplayJob, set_cluster_hook
@@ -70,7 +69,6 @@ from .transport import ZMQ_HINT, TransportError, zmq_available
 
 COMMAND = "indexer-conform"
 MAX_GENERATED = 1000
-MAX_SECONDS = 1e6
 
 _H_INDEXER = ("reference, module:factory (a Callable[[IndexerConfig], KVIndexer], run in a worker "
               "process unless --in-process) or jsonl:COMMAND (a server speaking the indexer "
@@ -79,8 +77,10 @@ _H_IN_PROCESS = "run a module:factory indexer in this process"
 
 
 def _check_seconds_for(command: str, name: str, value: float) -> None:
-    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
-        raise fail(command, f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], got {value}")
+    try:
+        check_seconds(name, value)
+    except UserError as exc:
+        raise fail(command, exc) from None
 
 
 def _check_seconds(name: str, value: float) -> None:

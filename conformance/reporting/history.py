@@ -91,15 +91,14 @@ def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> 
     profile = strongest_profile(factory.capabilities)  # type: ignore[attr-defined]
     options = SuiteOptions(profile=profile, seed=seed, max_examples=examples, time_budget=budget)
     report = run_suite(factory, options, "vllm", extra_groups=[])
-    verdict = "PASS" if report.exit_code == 0 else ("INCOMPLETE" if report.exit_code == 3 else "FAIL")
     failing = [r.to_json() for r in report.rows if r.status == "fail"]
     return {
         "version": release.version,
-        "verdict": verdict,
+        "verdict": report.verdict,
         "profile": profile,
         "failing": failing,
         "capabilities": caps,
-        "reason": "; ".join([*report.errors, *([report.stop_reason()] if report.incomplete else [])]),
+        "reason": "; ".join(report.reasons()),
         "seconds": round(report.seconds, 1),
     }
 

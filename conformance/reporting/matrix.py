@@ -195,13 +195,11 @@ def run_matrix(
 
 
 def _cell(engine: str, version: str, profile: str, report: SuiteReport) -> Cell:
-    verdict = "PASS" if report.exit_code == 0 else ("INCOMPLETE" if report.exit_code == 3 else "FAIL")
     failing = [r for r in report.rows if r.status == "fail"]
     skipped = [r for r in report.rows if r.status == "skip" and r.kind in ("capability", "property", "group")]
-    cell = Cell(engine, version, profile, verdict, failing, skipped, report.seconds)
+    cell = Cell(engine, version, profile, report.verdict, failing, skipped, report.seconds)
     cell.reached = dict(report.reached)
-    if report.errors or report.incomplete:
-        cell.error = "; ".join([*report.errors, *([report.stop_reason()] if report.incomplete else [])])
+    cell.error = "; ".join(report.reasons())
     return cell
 
 

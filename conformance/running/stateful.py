@@ -89,7 +89,6 @@ class StatefulReport:
     planned: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
-    incomplete: bool = False
     stopped: str = ""
     """What stopped the run early (the time budget, and where), or ``""``."""
     hung: EngineLost | None = None
@@ -104,6 +103,11 @@ class StatefulReport:
     @property
     def ok(self) -> bool:
         return not self.errors and all(p.status != "fail" for p in self.properties)
+
+    @property
+    def incomplete(self) -> bool:
+        """The time budget cut the run short (:attr:`stopped` says where)."""
+        return bool(self.stopped)
 
     def failures(self) -> list[Failure]:
         return [p.failure for p in self.properties if p.failure is not None]
@@ -544,7 +548,6 @@ def run_conformance(
             report.errors.append(f"cannot build the engine: {exc}")
             return report
         except BudgetSpent as spent:
-            report.incomplete = True
             report.stopped = str(spent)
             return report
         except EngineLost as hung:
@@ -587,14 +590,12 @@ def _run_chunks(
     while done < total:
         left = time_left()
         if left is not None and left <= 0:
-            report.incomplete = True
             report.stopped = str(BudgetSpent("", budget_seconds())) + " between examples"
             break
         n = min(CHUNK, total - done)
         rec = _Recorder()
         run_chunk(setup, frozenset(disabled), _settings(settings, n), seed_value * 1_000_003 + chunk, rec)
         if isinstance(rec.hung, BudgetSpent):  # the user's budget, not the engine: incomplete
-            report.incomplete = True
             report.stopped = str(rec.hung)
             report.examples += rec.examples
             break
@@ -635,7 +636,6 @@ def _minimized(
     try:
         best = minimize(setup.factory, found, setup.profile, disabled, setup.caps, replays)
     except BudgetSpent as spent:  # it failed, but no replay of it finished in time
-        report.incomplete = True
         report.stopped = str(spent)
         why = f"an example violated it; {spent} before the example could be replayed and shown"
         return Failure(found.prop, why, "  (not replayed: the time budget ran out)", {})
@@ -643,7 +643,6 @@ def _minimized(
         report.hung = hung
         return _hung_failure(hung, setup.profile)
     if best is not None and best.cut_short:
-        report.incomplete = True
         report.stopped = best.cut_short
         failure = render_failure(best, setup.profile)
         note = f"(not fully minimized: {best.cut_short})"

@@ -160,10 +160,19 @@ class SuiteReport:
     def stop_reason(self) -> str:
         """What the time budget cut short (``""``: nothing)."""
         if self.vectors is not None and self.vectors.stopped:
-            return self.vectors.stopped.removeprefix("not run: ")
-        if self.stateful is not None and self.stateful.incomplete:
-            return self.stateful.stopped or "the time budget ran out in the stateful run"
+            return self.vectors.stopped
+        if self.stateful is not None and self.stateful.stopped:
+            return self.stateful.stopped
         return self.stopped
+
+    @property
+    def verdict(self) -> str:
+        """``PASS``, ``FAIL`` or ``INCOMPLETE`` (the word of :attr:`exit_code`)."""
+        return {0: "PASS", 3: "INCOMPLETE"}.get(self.exit_code, "FAIL")
+
+    def reasons(self) -> list[str]:
+        """The run's errors and, when incomplete, what the time budget cut short."""
+        return [*self.errors, *([self.stop_reason()] if self.incomplete else [])]
 
     @property
     def exit_code(self) -> int:

@@ -315,7 +315,7 @@ class VectorRunReport:
     """Per hybrid case that ran, the most orphans its spec expectations show (a diagnostic)."""
     stopped: str = ""
     """The run's time budget ran out here (the message), or ``""``; the cases from the one in
-    flight on are ``skip`` results saying so."""
+    flight on are ``skip`` results, "not run: " and the message."""
 
     def by_status(self, status: str) -> list[CaseResult]:
         return [r for r in self.results if r.status == status]
@@ -501,13 +501,14 @@ def run_vectors(
     for vf in files:
         for case in vf.cases:
             if report.stopped:
-                report.results.append(CaseResult(str(case["id"]), vf.group, "skip", message=report.stopped))
+                result = CaseResult(str(case["id"]), vf.group, "skip", message=f"not run: {report.stopped}")
+                report.results.append(result)
                 continue
             try:
                 result = run_case(factory, case, profile, vf.group, caps)
             except BudgetSpent as spent:  # the rest is listed as not run, and the run goes on to end
-                report.stopped = f"not run: {spent}"
-                result = CaseResult(str(case["id"]), vf.group, "skip", message=report.stopped)
+                report.stopped = str(spent)
+                result = CaseResult(str(case["id"]), vf.group, "skip", message=f"not run: {spent}")
             report.results.append(result)
             if result.status != "skip" and "groups" in case.get("requires", []):
                 seen = [s["expect"].get("orphans", 0) for s in case.get("steps", []) if isinstance(s, dict)]
