@@ -178,6 +178,11 @@ class Violation(AssertionError):
         self.detail = detail
         super().__init__(f"[{prop}] {message}")
 
+    def __reduce__(self) -> tuple[type[Violation], tuple[str, str, str]]:
+        """Pickled with its three fields (a violation that crosses a process boundary -- a matrix
+        or history worker -- arrives whole, not as a broken pool)."""
+        return (Violation, (self.prop, self.message, self.detail))
+
 
 H1, H2, H3, H4, H5, H6, H7 = (  # HYBRID.md section 4.1
     "group-soundness", "one-boundary", "window-liveness", "state-publication",

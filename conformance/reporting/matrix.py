@@ -5,7 +5,9 @@
 the spec's policies and ids, ``lru`` for the spec's policies, ``maximal`` otherwise) and ``core``
 — and writes ``docs/MATRIX.md``: engine x version x profile -> verdict, the failing and skipped
 rows with a plain-words explanation of each (:mod:`pagedprefix.conformance.engines.notes`), and
-the first counterexample of each failure. The Markdown holds no timings, so ``--check`` can
+the first counterexample of each failure, every failing vector case grouped by its shape
+(:mod:`pagedprefix.conformance.running.shapes`), and the vector cases not run with their reasons.
+The Markdown holds no timings, so ``--check`` can
 compare a regeneration byte for byte (exit 1 when a verdict changed: a regression gate on the
 suite and a record of the engines); ``--json`` adds the seconds of each run.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata
 import multiprocessing
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +34,7 @@ from ..engines.notes import ABOUT, NOT_DRIVEN, NOTES, PASS_NOTE
 from ..protocol import Capabilities, EngineUnavailable, import_factory
 from ..protocol.channels import Channel, channels_of, unreached
 from ..protocol.watchdog import BudgetSpent, EngineLost, check_budget, time_left
+from ..running.shapes import shape_from_json
 from ..running.suite import (
     ENGINE_SHORT_NAMES,
     CheckGroup,
@@ -81,6 +85,7 @@ class Cell:
     seconds: float = 0.0
     error: str = ""
     reached: dict[str, int] = field(default_factory=dict)  # the run's SuiteReport.reached
+    vector_skips: list[tuple[str, str]] = field(default_factory=list)  # vector cases not run, per group
 
 
 def version_of(distribution: str) -> str | None:
@@ -199,6 +204,7 @@ def _cell(engine: str, version: str, profile: str, report: SuiteReport) -> Cell:
     skipped = [r for r in report.rows if r.status == "skip" and r.kind in ("capability", "property", "group")]
     cell = Cell(engine, version, profile, report.verdict, failing, skipped, report.seconds)
     cell.reached = dict(report.reached)
+    cell.vector_skips = vector_skips(report.rows)
     cell.error = "; ".join(report.reasons())
     return cell
 
@@ -335,13 +341,41 @@ def _cell_section(c: Cell) -> list[str]:
         lines.append(f"Error: {c.error}")
     for r in c.failing:
         lines.append(f"- FAIL `{r.name}`: {r.detail}. {explain(c.engine, r)}")
+        lines += _case_lines(r)
         if r.counterexample:
             lines += ["", "  ```text", *("  " + line for line in r.counterexample.splitlines()), "  ```"]
     for r in c.skipped:
         note = _skipped_note(c.engine, r)
         if note is not None:
             lines.append(f"- skipped `{r.name}`: {note}")
+    lines += _vector_skip_lines(c)
     return lines
+
+
+def _case_lines(row: CheckResult) -> list[str]:
+    """Every failing case of a vector row, grouped by shape (:mod:`~pagedprefix.conformance.running
+    .shapes`), so a second bug failing the same row is not hidden behind the first counterexample."""
+    if row.kind != "vectors" or not row.cases:
+        return []
+    groups: dict[str, list[str]] = {}
+    for case in row.cases:
+        groups.setdefault(shape_from_json(case["shape"]).describe(), []).append(f"`{case['id']}`")
+    return ["", *(f"  - {shape}: {', '.join(ids)}" for shape, ids in groups.items())]
+
+
+def _vector_skip_lines(c: Cell) -> list[str]:
+    """The vector cases a cell did not run, per group, with every reason and its count."""
+    return [f"- not judged in `{name}`: {why}" for name, why in c.vector_skips]
+
+
+def vector_skips(rows: Sequence[CheckResult]) -> list[tuple[str, str]]:
+    """``(row, "N skipped (reason: n; ...)")`` for each vector row with cases not run."""
+    out = []
+    for r in rows:
+        skipped = re.search(r"\d+ skipped \(.*\)$", r.detail) if r.kind == "vectors" else None
+        if skipped is not None:
+            out.append((r.name, skipped.group(0)))
+    return out
 
 
 def to_json(cells: Sequence[Cell]) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from ..protocol import (
     protocol_warning,
 )
 from ..protocol.channels import recording
+from ..protocol.codec import Json
 from ..protocol.watchdog import (
     DEFAULT_CALL_TIMEOUT,
     DEFAULT_START_TIMEOUT,
@@ -50,6 +51,7 @@ from ..protocol.watchdog import (
     limit_in_process_calls,
     run_budget,
 )
+from .shapes import shape_of
 from .stateful import PROBE_BLOCK_SIZES, StatefulReport, probe, run_conformance
 from .vectors import VectorRunReport, run_vectors
 
@@ -75,9 +77,18 @@ class CheckResult:
     status: str  # "pass", "fail" or "skip"
     detail: str = ""
     counterexample: str | None = None
+    cases: list[dict[str, Any]] = field(default_factory=list)
+    """Every failing case of the row, not only the first: ``{"id", "property", "message",
+    "shape"}`` (a vector case's id, or ``"stateful"`` for the minimal counterexample of a property;
+    ``shape``: :meth:`pagedprefix.conformance.running.shapes.Shape.to_json`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def failing_case(case_id: str, prop: str, message: str, vector: Json) -> dict[str, Any]:
+    """One entry of :attr:`CheckResult.cases`: the case, its property and message, and its shape."""
+    return {"id": case_id, "property": prop, "message": message, "shape": shape_of(vector, message).to_json()}
 
 
 DEFAULT_EXAMPLES = 600
@@ -349,11 +360,12 @@ def _vector_rows(report: VectorRunReport) -> list[CheckResult]:
         if skipped:
             reasons = Counter(r.message for r in skipped)
             parts.append(
-                f"{len(skipped)} skipped (" + "; ".join(f"{m}: {n}" for m, n in reasons.most_common(3)) + ")"
+                f"{len(skipped)} skipped (" + "; ".join(f"{m}: {n}" for m, n in reasons.most_common()) + ")"
             )
         status = "fail" if failed else ("pass" if counts["pass"] else "skip")
         first = f"{failed[0].case_id}: [{failed[0].prop}] {failed[0].message}" if failed else None
-        rows.append(CheckResult(f"vectors: {group}", "vectors", status, ", ".join(parts), first))
+        cases = [failing_case(r.case_id, r.prop or "", r.message, r.vector) for r in failed]
+        rows.append(CheckResult(f"vectors: {group}", "vectors", status, ", ".join(parts), first, cases))
     for err in report.errors:
         rows.append(CheckResult("vectors: load", "vectors", "fail", err))
     return rows
@@ -512,8 +524,11 @@ def _run_all(
         if options.database is not None:
             save_counterexamples(report.stateful, options.database)
         for p in report.stateful.properties:
-            cex = None if p.failure is None else _counterexample(p.failure.sequence, p.failure.detail)
-            report.rows.append(CheckResult(p.name, "property", p.status, p.detail, cex))
+            cex, cases = None, []
+            if p.failure is not None:
+                cex = _counterexample(p.failure.sequence, p.failure.detail)
+                cases = [failing_case("stateful", p.name, p.failure.message, p.failure.vector)]
+            report.rows.append(CheckResult(p.name, "property", p.status, p.detail, cex, cases))
     else:
         for prop in PROPERTIES:
             report.rows.append(CheckResult(prop.name, "property", "skip", "stateful runner not run"))

@@ -1,0 +1,150 @@
+"""The shape of a counterexample: which operation departs from the spec, how, and which extras differ.
+
+Two published bugs can fail the same property (a LoRA keyed by name alone and a salt left out of
+the key both serve a hit of other content: ``hit-content``), so an explanation chosen by property
+name names one of them twice. A :class:`Shape` says what the counterexample *is* instead:
+
+- ``op``: the operation where the engine departs (``allocate``, ``lookup``, ``append``, ``free``,
+  ``fork``, ``reset``, ``new_step``; ``""`` when the failure is not at one operation, e.g. at
+  creation);
+- ``outcome``: how it departs, from the judge's own wording (:data:`OUTCOMES`);
+- ``extras_differ``: the extra-key fields (``lora.name``, ``lora.id``, ``cache_salt``, ``mm``,
+  ``prompt_embeds``) in which the departing request differs from an earlier request of the case
+  with the same first block of tokens -- the requests whose blocks it could have hit. Empty when
+  no such request differs from it.
+
+Explanations (:mod:`pagedprefix.conformance.reporting.history_notes`) are matched on shapes.
+Shapes are computed from the case itself (a vector, the schema of conformance/vectors) and the
+failure's message, so a vector case and a minimal stateful counterexample of one bug get one shape.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..protocol.codec import Json
+
+OUTCOMES: dict[str, str] = {
+    "refused-but-changed": r"raised \w+ but changed",
+    "hit-other-content": r"holds KV of other content",
+    "refused-spec-succeeds": r"engine OutOfBlocks.*spec succeeds",
+    "hit-count": r"hit \d+ tokens; the spec hits \d+",
+    "error-kind": r"the spec raises",
+    "event": r"\bevent",
+}
+"""Outcome name -> the pattern of the judge's message that names it (first match wins; else
+``other``). ``hit-count`` is refined to ``hit-more`` / ``hit-less`` by the two numbers."""
+
+EXTRA_FIELDS: tuple[str, ...] = ("lora.name", "lora.id", "cache_salt", "mm", "prompt_embeds")
+"""The extra-key fields a shape compares, in this order."""
+
+_STEP = re.compile(r"^step (\d+): ")
+_HITS = re.compile(r"hit (\d+) tokens; the spec hits (\d+)")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a counterexample is (module docstring). ``to_json`` / :func:`shape_from_json` round-trip."""
+
+    op: str
+    outcome: str
+    extras_differ: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "outcome": self.outcome, "extras_differ": list(self.extras_differ)}
+
+    def describe(self) -> str:
+        """One line: ``allocate, hit-other-content, extras differ in lora.id``."""
+        differ = f", extras differ in {' + '.join(self.extras_differ)}" if self.extras_differ else ""
+        return f"{self.op or 'no operation'}, {self.outcome}{differ}"
+
+
+def shape_from_json(obj: Json) -> Shape:
+    """The :class:`Shape` of :meth:`Shape.to_json`'s output; ``ValueError`` for anything else."""
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("op", "outcome")):
+        raise ValueError(f"not a shape: {obj!r:.80}")
+    differ = obj.get("extras_differ", [])
+    if not isinstance(differ, list) or not all(isinstance(d, str) for d in differ):
+        raise ValueError(f"not a shape's extras_differ: {differ!r:.80}")
+    return Shape(obj["op"], obj["outcome"], tuple(str(d) for d in differ))
+
+
+def outcome_of(message: str) -> str:
+    """The outcome the judge's ``message`` names (:data:`OUTCOMES`), ``other`` when none."""
+    for name, pattern in OUTCOMES.items():
+        if re.search(pattern, message):
+            if name == "hit-count":
+                hits = _HITS.search(message)
+                assert hits is not None
+                return "hit-more" if int(hits.group(1)) > int(hits.group(2)) else "hit-less"
+            return name
+    return "other"
+
+
+def _fields(extras: Json) -> dict[str, Json]:
+    e = extras if isinstance(extras, dict) else {}
+    lora = e.get("lora") if isinstance(e.get("lora"), dict) else {}
+    assert isinstance(lora, dict)
+    return {
+        "lora.name": lora.get("name"),
+        "lora.id": lora.get("id"),
+        "cache_salt": e.get("cache_salt") or "",
+        "mm": e.get("mm_items") or [],
+        "prompt_embeds": e.get("prompt_embeds"),
+    }
+
+
+def _differ(a: Json, b: Json) -> set[str]:
+    fa, fb = _fields(a), _fields(b)
+    return {name for name in EXTRA_FIELDS if fa[name] != fb[name]}
+
+
+def _block_size(case: dict[str, Json]) -> int:
+    config = case.get("config")
+    size = config.get("block_size") if isinstance(config, dict) else None
+    return size if isinstance(size, int) and size > 0 else 1
+
+
+def departing_step(case: Json, message: str) -> int | None:
+    """The index of the step where the engine departs: the ``step N:`` of a vector case's message,
+    else (a minimal stateful counterexample, which ends at its violation) the last step."""
+    steps = case.get("steps") if isinstance(case, dict) else None
+    if not isinstance(steps, list) or not steps:
+        return None
+    found = _STEP.match(message)
+    if found is not None:
+        index = int(found.group(1))
+        return index if index < len(steps) else None
+    return len(steps) - 1
+
+
+def shape_of(case: Json, message: str) -> Shape:
+    """The :class:`Shape` of the failure ``message`` on ``case`` (a vector case: ``config``,
+    ``steps``; or a vector file holding it as its one case, as a saved counterexample is)."""
+    if isinstance(case, dict) and isinstance(case.get("cases"), list) and len(case["cases"]) == 1:
+        case = case["cases"][0]
+    outcome = outcome_of(message)
+    index = departing_step(case, message)
+    if index is None or not isinstance(case, dict):
+        return Shape("", outcome)
+    steps = case["steps"]
+    assert isinstance(steps, list)
+    step = steps[index]
+    if not isinstance(step, dict):
+        return Shape("", outcome)
+    op = str(step.get("op", ""))
+    tokens = step.get("tokens")
+    if not isinstance(tokens, list):
+        return Shape(op, outcome)
+    first = tokens[: _block_size(case)]
+    differ: set[str] = set()
+    for earlier in steps[:index]:
+        earlier_tokens = earlier.get("tokens") if isinstance(earlier, dict) else None
+        if isinstance(earlier_tokens, list) and earlier_tokens[: len(first)] == first:
+            differ |= _differ(earlier.get("extras"), step.get("extras"))
+    return Shape(op, outcome, tuple(name for name in EXTRA_FIELDS if name in differ))
+
+
+__all__ = ["EXTRA_FIELDS", "OUTCOMES", "Shape", "departing_step", "outcome_of", "shape_from_json", "shape_of"]
