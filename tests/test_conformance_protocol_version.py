@@ -85,10 +85,12 @@ def test_only_later_capabilities_left_at_default_are_named() -> None:
     line = protocol_warning(caps)
     assert line is not None
     named = set(re.findall(r"(\w+) \(v\d\)", line))
-    assert named == {"events", "groups", "retention", "group_free_order", "same_step_state"}
+    later = {"events", "groups", "retention", "group_free_order", "same_step_state", "mm_placeholders"}
+    assert named == later
     # every later capability declared away from its default: the line names none, still warns
     declared = Capabilities(events=True, groups=frozenset({"full"}), retention="dense",
-                            group_free_order="reversed_concat", same_step_state="miss", protocol_version=3)
+                            group_free_order="reversed_concat", same_step_state="miss", mm_placeholders=True,
+                            protocol_version=3)
     line = protocol_warning(declared)
     assert line is not None and "left at their defaults" not in line
     assert "protocol_version 3" in line

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pagedprefix.conformance.reporting import history, history_fetch, history_notes
 from pagedprefix.conformance.reporting.history import ReleaseResult
+from pagedprefix.conformance.running.shapes import Shape
 from typer.testing import CliRunner
 
 
@@ -132,6 +133,10 @@ def test_release_loader_stands_in_only_for_what_fails(tmp_path: Path) -> None:
     assert "vllm.heavy.Engine is a harness placeholder" in got["heavy"]
 
 
+LORA_ID = Shape("allocate", "hit-other-content", ("lora.id",))
+LORA_VS_SALT = Shape("lookup", "hit-more", ("lora.name", "lora.id", "cache_salt"))
+
+
 def test_notes_cite_the_line_of_that_release(tmp_path: Path) -> None:
     f = tmp_path / "vllm" / "v1" / "core" / "kv_cache_utils.py"
     f.parent.mkdir(parents=True)
@@ -139,26 +144,55 @@ def test_notes_cite_the_line_of_that_release(tmp_path: Path) -> None:
         "def a():\n    pass\ndef _gen_lora_extra_hash_keys(request):\n"
         "    return [request.lora_request.lora_name]\n"
     )
-    text, refs = history_notes.explain("0.17.0", "hit-content", tmp_path)
+    name, text, refs = history_notes.explain("0.17.0", LORA_ID, tmp_path)
+    assert name == "lora-by-name"
     assert "`vllm/v1/core/kv_cache_utils.py` line 4" in text and any("30931" in r for r in refs)
     # 0.31.0 keys by name and path: the note does not cover it, a failure there is unexplained.
-    assert history_notes.explain("0.31.0", "hit-content", tmp_path) == ("*unexplained*", [])
-    assert history_notes.explain("0.17.0", "no-such-property") == ("*unexplained*", [])
+    assert history_notes.explain("0.31.0", LORA_ID, tmp_path) == ("", "*unexplained*", [])
+
+
+def test_notes_are_matched_by_shape_not_by_property() -> None:
+    """Two published bugs that fail one property (`hit-content`) on one release get their own
+    notes: a LoRA keyed by name alone (only the adapter id differs) and LoRA and salt keyed as bare
+    strings (a LoRA "x" against a salt "x": name, id and salt differ)."""
+    assert history_notes.explain("0.20.0", LORA_ID)[0] == "lora-by-name"
+    name, _, refs = history_notes.explain("0.20.0", LORA_VS_SALT)
+    assert name == "untagged-extra-keys" and any("44701" in r for r in refs)
+    # A shape no note describes is unexplained, whatever property it fails.
+    salt_only = Shape("allocate", "hit-other-content", ("cache_salt",))
+    assert history_notes.explain("0.20.0", salt_only) == ("", "*unexplained*", [])
+    refused = Shape("allocate", "refused-but-changed")
+    assert history_notes.explain("0.6.6", refused)[0] == "touch-before-check"
+    assert history_notes.explain("0.7.0", refused)[0] == ""  # fixed in 0.7.0
+
+
+def _case(
+    prop: str, shape: Shape, note: str = "", explanation: str = "*unexplained*", case: str = "stateful"
+) -> dict[str, Any]:
+    return {
+        "id": case, "property": prop, "message": "m", "shape": shape.to_json(),
+        "note": note, "explanation": explanation, "references": ["u"] if note else [],
+    }
 
 
 def _results() -> list[ReleaseResult]:
+    refused = Shape("allocate", "refused-but-changed")
     fail = {
         "name": "atomic-failure",
         "kind": "property",
         "status": "fail",
         "detail": "changed ref_cnt",
         "counterexample": "1. allocate(1, [1, 2])",
-        "explanation": "a bug",
-        "references": ["u"],
+        "cases": [_case("atomic-failure", refused, "touch", "a bug")],
     }
+    skipped = [{"name": "capability: fork", "reason": "not declared: fork and copy-on-write not exercised"}]
+    channels = [
+        {"name": "prompt_token_ids", "driven": True, "reached": 10, "reason": "tokens"},
+        {"name": "mm_features", "driven": False, "reached": 0, "reason": "not yet"},
+    ]
     return [
-        ReleaseResult("0.6.5", "FAIL", "exact", [fail], {"reset": False}, "", "w.whl", "ab"),
-        ReleaseResult("0.7.0", "PASS", "exact", [], {"reset": True}, "", "w.whl", "cd"),
+        ReleaseResult("0.6.5", "FAIL", "exact", [fail], {"reset": 0}, "", "w", "ab", 0, skipped, channels),
+        ReleaseResult("0.7.0", "PASS", "exact", [], {"reset": True}, "", "w", "cd", 0, skipped, channels),
         ReleaseResult("0.7.1", "not driven", reason="no wheel: none"),
     ]
 
@@ -166,10 +200,13 @@ def _results() -> list[ReleaseResult]:
 def test_document_rows_and_check() -> None:
     results = _results()
     text = history.render_markdown(results)
-    assert "| 0.6.5 | FAIL | `atomic-failure` | a bug |" in text
-    assert "| 0.7.0 | PASS | - | - |" in text
-    assert "| 0.7.1 | not driven | - | not driven: no wheel: none |" in text
+    assert "| 0.6.5 | FAIL | `atomic-failure` | a bug | `fork`, `channel mm_features` |" in text
+    assert "| 0.7.0 | PASS | - | - | `fork`, `channel mm_features` |" in text
+    assert "| 0.7.1 | not driven | - | not driven: no wheel: none | - |" in text
     assert "1. allocate(1, [1, 2])" in text
+    assert "- `mm_features`: not driven: not yet" in text
+    assert "- `prompt_token_ids`: driven, reached by 10 requests: tokens" in text
+    assert "- `capability: fork`: not declared: fork and copy-on-write not exercised" in text
     assert history.check(results, text) == []
     assert history.check(results[1:2], text) == []  # a subset is compared release by release
     changed = [ReleaseResult("0.7.0", "FAIL", "exact", [dict(results[0].failing[0])], {"reset": True})]
@@ -177,6 +214,57 @@ def test_document_rows_and_check() -> None:
     assert problem.startswith("0.7.0: row")
     new = [ReleaseResult("0.8.0", "PASS", "exact")]
     assert history.check(new, text) == ["0.8.0: not in the committed history"]
+
+
+def test_every_failing_case_is_listed_under_its_own_explanation() -> None:
+    """A row that fails one property with two bugs lists both, each with its cases; an unexplained
+    shape is shown as such, apart from the explained ones."""
+    extras = {
+        "name": "vectors: extras", "kind": "vectors", "status": "fail", "detail": "2 failed",
+        "counterexample": "first only",
+        "cases": [
+            _case("hit-content", LORA_ID, "lora-by-name", "keyed by name", "extras/lora-id-matters/b2"),
+            _case("hit-content", LORA_VS_SALT, "untagged-extra-keys", "bare strings",
+                  "extras/lora-x-vs-salt-x/b2"),
+            _case("hit-content", Shape("allocate", "hit-other-content", ("mm",)), case="extras/mm-offset/b2"),
+        ],
+    }
+    r = ReleaseResult("0.20.0", "FAIL", "exact", [extras])
+    found = history.findings(r)
+    assert [(f.note, list(f.rows.values())) for f in found] == [
+        ("lora-by-name", [["extras/lora-id-matters/b2"]]),
+        ("untagged-extra-keys", [["extras/lora-x-vs-salt-x/b2"]]),
+        ("", [["extras/mm-offset/b2"]]),
+    ]
+    row = history.render_row(r)
+    assert "keyed by name" in row and "bare strings" in row
+    assert "*unexplained*: `vectors: extras` (allocate, hit-other-content, extras differ in mm)" in row
+    section = "\n".join(history.render_section(r))
+    assert "First case: extras/lora-x-vs-salt-x/b2: [hit-content] m" in section
+
+
+def test_check_fails_when_a_driven_channel_was_never_reached() -> None:
+    """A broken adapter that declares a channel driven but never sends it is caught by --check."""
+    results = _results()
+    text = history.render_markdown(results)
+    results[1].channels = [{"name": "cache_salt", "driven": True, "reached": 0, "reason": "salt"}]
+    problems = history.check(results[1:2], text)
+    assert "0.7.0: channel cache_salt is declared driven but no request reached it" in problems
+
+
+def test_not_judged_lists_skip_rows_and_skipped_vector_cases() -> None:
+    from pagedprefix.conformance.running.suite import CheckResult
+
+    rows = [
+        CheckResult("hit-content", "property", "pass"),
+        CheckResult("event-index", "property", "skip", "capability events not declared"),
+        CheckResult("vectors: extras", "vectors", "pass", "4 passed, 22 skipped (needs mm: 12; needs x: 10)"),
+        CheckResult("vectors: cow", "vectors", "pass", "3 passed"),
+    ]
+    assert history.not_judged(rows) == [
+        {"name": "event-index", "reason": "capability events not declared"},
+        {"name": "vectors: extras", "reason": "22 skipped (needs mm: 12; needs x: 10)"},
+    ]
 
 
 def _cli(*args: str) -> Any:

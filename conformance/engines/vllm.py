@@ -552,8 +552,10 @@ _CHANNELS_COMMON: tuple[Channel, ...] = (
             f"({_KCU}generate_block_hash_extra_keys`); the spec's empty salt is sent as `None`"),
     Channel("mm_features", "Request(mm_features=[MultiModalFeatureSpec(identifier, mm_position)])", False,
             "mm", "keyed as `(\"mm\", identifier, offset - block start)` on each block an item overlaps "
-            f"({_KCU}_gen_mm_extra_hash_keys`), but `vllm.multimodal.inputs` does not import without "
-            "Pillow and the model-input stack"),
+            f"({_KCU}_gen_mm_extra_hash_keys`); driven for 0.33.0 in `pagedprefix history vllm` "
+            "(`vllm_release`: the release's own `MultiModalFeatureSpec`, loaded from its tree). Here the "
+            "installed `vllm.multimodal` imports `transformers`, which the pinned engine install lacks "
+            "(tests/test_engines_vllm.py tries it)"),
     Channel("prompt_embeds", "Request(prompt_embeds=tensor)", False, "prompt_embeds",
             f"keyed by a SHA-256 of each block's rows ({_KCU}_gen_prompt_embeds_extra_hash_keys`), but "
             "they cover the whole prompt where the spec embeds some positions, and need a model's tensors"),

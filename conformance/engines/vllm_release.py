@@ -37,8 +37,18 @@ numbers:
 - **Request.** Built by the release's ``Request.__init__`` signature: each parameter the adapter
   knows is passed (``request_id``, ``prompt_token_ids``, ``sampling_params``, ``lora_request``,
   ``cache_salt``, ``block_hasher``, ``pooling_params=None``, ``eos_token_id=None``,
-  ``arrival_time=0.0``, multimodal parameters ``None``); 0.6.x takes an ``inputs`` object, made by
-  the release's own ``vllm.inputs.token_inputs``. A required parameter the adapter does not know
+  ``arrival_time=0.0``); 0.6.x takes an ``inputs`` object, made by the release's own
+  ``vllm.inputs.token_inputs``.
+- **Multimodal items** (:meth:`ReleaseAdapter._mm_values`), from 0.6.6 on (0.6.5's key has no
+  multimodal field, and its engine turns prefix caching off for multimodal models): each spec item
+  becomes the release's own ``PlaceholderRange`` (from ``vllm.multimodal.inputs``, real or made from
+  the release's source by the loader) with its identifier as the hash, passed as ``mm_features``
+  (``MultiModalFeatureSpec``, 0.10.2 on), ``multi_modal_hashes`` / ``multi_modal_placeholders``
+  (0.7.0 to 0.10.1.1; the processed model inputs, which the cache never reads, as ``None`` each) or
+  through ``token_inputs`` (0.6.6). vLLM keys an item by its identifier (and, from 0.33.0, its
+  offset in the block), never its length, on the ground that its processor gives every prompt the
+  placeholder form: the release declares ``mm_placeholders`` and is sent only prompts of that form
+  (:mod:`pagedprefix.conformance.protocol.placeholders`). A required parameter the adapter does not know
   raises ``EngineUnavailable`` (never a guess). ``SamplingParams(max_tokens=2**20)`` is the
   release's own class.
 - **allocate.** ``get_computed_blocks`` returns a list (before 0.8.3), ``(blocks, tokens)`` or
@@ -77,8 +87,10 @@ from pathlib import Path
 from typing import Any
 
 from pagedprefix import spec
+from pagedprefix.spec.extras import canonical_mm_items
 
 from ..protocol import Capabilities, EngineUnavailable, UnsupportedConfig
+from ..protocol.channels import Channel
 from . import _release
 from .vllm import CAPABILITIES as CAPABILITIES_0_33
 from .vllm import MAX_MODEL_LEN, SAMPLING_MAX_TOKENS, VllmRequests, lora_path
@@ -124,6 +136,12 @@ class ReleaseInfo:
         free_order: ``unhashed_to_head`` when the free path prepends the blocks without a hash,
             else ``append_all`` (:func:`_free_order`).
         scheduler_pops_full_hit: the release's scheduler drops the last block of a full hit.
+        mm_input: how multimodal items reach the key: the ``Request`` parameter ``mm_features``
+            (0.10.2 on) or ``multi_modal_hashes`` (0.7.0 to 0.10.1.1), ``inputs`` (0.6.6: the
+            hashes and placeholders of ``token_inputs``), ``""`` when the key has no multimodal
+            field (0.6.5).
+        prompt_embeds: ``Request`` takes ``prompt_embeds``.
+        lora_input: ``Request`` takes ``lora_request``.
     """
 
     version: str
@@ -137,6 +155,9 @@ class ReleaseInfo:
     new_step: bool
     free_order: str
     scheduler_pops_full_hit: bool
+    mm_input: str = ""
+    prompt_embeds: bool = False
+    lora_input: bool = False
 
 
 def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
@@ -208,7 +229,74 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         new_step=hasattr(manager_cls, "new_step_starts"),
         free_order=_free_order(_free_path_source(mods)),
         scheduler_pops_full_hit="computed_blocks.pop()" in sched_src,
+        mm_input=_mm_input(request_params, _source(utils)),
+        prompt_embeds="prompt_embeds" in request_params,
+        lora_input="lora_request" in request_params,
     )
+
+
+_MM_INPUTS = ("mm_features", "multi_modal_hashes")
+
+
+def _mm_input(request_params: dict[str, inspect.Parameter], utils_source: str) -> str:
+    """How the release's ``Request`` takes the multimodal items its key function reads."""
+    if "mm_hashes" not in utils_source and "mm_features" not in utils_source:
+        return ""
+    found = next((n for n in _MM_INPUTS if n in request_params), "")
+    return found or ("inputs" if "inputs" in request_params else "")
+
+
+def release_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
+    """The inputs of the release that can change a block's key, driven or not, from its code
+    (:class:`ReleaseInfo`). The history lists them per release and ``--check`` fails when a driven
+    one was never reached."""
+    utils = "`vllm/v1/core/kv_cache_utils.py`"
+    lora_how = {
+        "id": "keyed by `lora_int_id`: the spec's (name, id) gets one id each",
+        "name": "keyed by `lora_name` alone; the spec's id travels as `lora_path` and `lora_int_id`",
+        "name+path": "keyed by `(\"lora\", lora_name, lora_path)`; the spec's id travels as `lora_path`",
+    }
+    lora_input = "Request(lora_request=LoRARequest(...))"
+    no_lora = (
+        "the release's key has no LoRA field (no `_gen_lora_extra_hash_keys`) and its V1 model runner "
+        "applies no LoRA (`vllm/v1/worker/gpu_model_runner.py`): V1 serves no LoRA request, so the "
+        "spec's LoRA is not declared (LoRA came to V1 with its key, in 0.7.3)"
+    )
+    not_yet = "not driven in the history yet: the release adapter sends no {what} (issue 34, part 1)"
+    channels = [
+        Channel("prompt_token_ids", "Request(prompt_token_ids=...)", True, None,
+                "every request's tokens, hashed per full block by the release's own code"),
+        Channel("hash_fn", "the release's hash (builtin hash, caching_hash_algo or get_hash_fn_by_name)",
+                True, None, f"the spec's sha256 -> the release's `{info.hash_note}`"),
+        Channel("none_hash_seed", "PYTHONHASHSEED", False, None,
+                "pinned to 0 in every history worker: the release's own seeding is not judged here"),
+    ]
+    if info.lora:
+        channels.append(Channel("lora_request", lora_input, True, "lora", f"{lora_how[info.lora]} ({utils})"))
+    elif info.lora_input:
+        channels.append(Channel("lora_request", lora_input, False, "lora", no_lora))
+    if info.cache_salt:
+        salt = f"the spec's salt, keyed in block 0 ({utils}); the empty salt is sent as `None`"
+        channels.append(Channel("cache_salt", "Request(cache_salt=...)", True, "cache_salt", salt))
+    if info.mm_input:
+        mm = (
+            "the spec's items, in the placeholder form the release's processor gives its prompts "
+            "(`Capabilities.mm_placeholders`): identifier -> the item's hash, start and length -> its "
+            f"`PlaceholderRange` (the release's own class), keyed by `_gen_mm_extra_hash_keys` ({utils})"
+        )
+        channels.append(Channel(info.mm_input, f"Request({info.mm_input}=...)", True, "mm", mm))
+    else:
+        off = (
+            "the release's key has no multimodal field, and its engine turns prefix caching off for "
+            "multimodal models (`vllm/engine/arg_utils.py`: \"--enable-prefix-caching is currently not "
+            "supported for multimodal models and has been disabled\"), so no multimodal request is "
+            "served from the cache"
+        )
+        channels.append(Channel("multi_modal_data", "token_inputs(multi_modal_data=...)", False, "mm", off))
+    if info.prompt_embeds:
+        channels.append(Channel("prompt_embeds", "Request(prompt_embeds=tensor)", False, "prompt_embeds",
+                                not_yet.format(what="embeddings")))
+    return tuple(channels)
 
 
 def _scheduler_source(root: Path) -> str:
@@ -241,8 +329,11 @@ def release_capabilities(info: ReleaseInfo) -> Capabilities:
         extras.add("lora")
     if info.cache_salt:
         extras.add("cache_salt")
+    if info.mm_input:
+        extras.add("mm")
     return replace(
         CAPABILITIES_0_33,
+        mm_placeholders=bool(info.mm_input),
         reset=info.reset,
         extras=frozenset(extras),  # type: ignore[arg-type]
         free_order=info.free_order,
@@ -410,11 +501,14 @@ class ReleaseAdapter(VllmRequests):
             "prompt": None,
             "priority": 0,
         }
+        values.update(self._mm_values(extras))
         if "inputs" in params:
+            carried = ("multi_modal_hashes", "multi_modal_placeholders")
+            mm_inputs = {k: values.pop(k) for k in carried if k in values}
             values["inputs"] = (
                 __import__("importlib")
                 .import_module("vllm.inputs")
-                .token_inputs(prompt_token_ids=list(tokens))
+                .token_inputs(prompt_token_ids=list(tokens), **mm_inputs)
             )
         kwargs: dict[str, Any] = {}
         for name, p in params.items():
@@ -429,6 +523,40 @@ class ReleaseAdapter(VllmRequests):
         if extras.cache_salt and "cache_salt" not in kwargs:
             raise UnsupportedConfig(f"vllm {self.info.version} has no cache_salt")
         return Request(**kwargs)
+
+    def _mm_values(self, extras: spec.Extras) -> dict[str, Any]:
+        """The ``Request`` (or ``token_inputs``) values that carry the spec's multimodal items, in
+        the release's own types (:attr:`ReleaseInfo.mm_input`): each item's identifier as its hash,
+        its start and length as the release's ``PlaceholderRange``, in prompt order. The processed
+        model inputs (``multi_modal_inputs`` / ``multi_modal_kwargs``, one per item: the
+        ``Request`` checks the count) are never read by the cache: ``None`` each."""
+        items = canonical_mm_items(extras.mm_items)
+        if not items:
+            return {}
+        if not self.info.mm_input:
+            raise UnsupportedConfig(f"vLLM {self.info.version}'s key has no multimodal field")
+        inputs = __import__("importlib").import_module("vllm.multimodal.inputs")
+        ranges = [inputs.PlaceholderRange(offset=m.start, length=m.length) for m in items]
+        ids = [m.identifier for m in items]
+        if self.info.mm_input == "mm_features":
+            features = [
+                _construct(
+                    inputs.MultiModalFeatureSpec,
+                    {"data": None, "modality": "image", "identifier": i, "mm_position": r, "mm_hash": i},
+                    self.info.version,
+                )
+                for i, r in zip(ids, ranges)
+            ]
+            return {"mm_features": features}
+        if self.info.mm_input == "inputs":
+            return {"multi_modal_hashes": ids, "multi_modal_placeholders": {"image": ranges}}
+        unused = [None] * len(items)
+        return {
+            "multi_modal_hashes": ids,
+            "multi_modal_placeholders": ranges,
+            "multi_modal_inputs": unused,
+            "multi_modal_kwargs": unused,
+        }
 
     def _blocks(self, vid: str) -> list[Any]:
         holders = [self.manager]
@@ -581,4 +709,5 @@ def release_factory(root: Path) -> Callable[[spec.CacheConfig], ReleaseAdapter]:
         return ReleaseAdapter(config, release, info)
 
     factory.capabilities = release_capabilities(info)  # type: ignore[attr-defined]
+    factory.channels = release_channels(info)  # type: ignore[attr-defined]
     return factory

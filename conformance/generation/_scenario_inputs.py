@@ -11,6 +11,7 @@ from functools import partial
 from pagedprefix.spec import NO_EXTRAS, CacheConfig, Extras, LoRA, MultiModalItem, PromptEmbeds
 
 from ..protocol.codec import Json, config_to_json
+from ..protocol.placeholders import PLACEHOLDER_TOKEN, item_length
 from ._scenario_play import Case, Op, Row, cfg, play, play_row, run
 from .vector_format import CaseBuilder, make_case
 
@@ -83,7 +84,45 @@ def extras() -> list[Case]:
             ops = [("allocate", "a", t, first), ("lookup", t, second), ("allocate", "b", t, second),
                    ("free", "a"), ("allocate", "c", t, second)]
             cases.append(play(c, ops))
+        cases += placeholder_cases(B)
     return cases
+
+
+def placeholder_cases(B: int) -> list[Case]:
+    """Multimodal prompts in the placeholder form (:mod:`pagedprefix.conformance.protocol.placeholders`),
+    so engines that key an item by its identifier alone are judged on them too: an item's key must
+    reach every later block through the parent key, and blocks before an item must be shared with a
+    text-only prompt of the same tokens."""
+    P = PLACEHOLDER_TOKEN
+    n1, n2 = "img-1", "img-2"
+    L = item_length(n1)
+    assert item_length(n2) == L  # two images of one size, told apart by their identifiers alone
+    image_first = [P] * L + list(range(1, 2 * B + 1))
+
+    def img(name: str, start: int) -> Extras:
+        return Extras(mm_items=(MultiModalItem(name, start, L),))
+
+    parent = CaseBuilder(
+        f"extras/mm-placeholder-parent/b{B}", config=cfg(B, 16), profile="core", section="2.mm",
+        description="Two images of one size over identical placeholder tokens, then identical text: the "
+        "text blocks of a request hit only its own image's chain (the parent key carries the item).",
+    )
+    parent_ops: list[Op] = [
+        ("allocate", "a", image_first, img(n1, 0)),
+        ("allocate", "b", image_first, img(n2, 0)),
+        ("allocate", "c", [*image_first, 9], img(n2, 0)),
+    ]
+    text_first = list(range(1, 2 * B + 1)) + [P] * L
+    prefix = CaseBuilder(
+        f"extras/mm-placeholder-text-prefix/b{B}", config=cfg(B, 16), profile="maximal", section="2.mm",
+        description="The text blocks before an image are shared with a text-only prompt of the same tokens.",
+    )
+    prefix_ops: list[Op] = [
+        ("allocate", "a", text_first, img(n1, 2 * B)),
+        ("lookup", [*text_first[: 2 * B], 9], NO_EXTRAS),
+        ("allocate", "b", [*text_first[: 2 * B], 9], NO_EXTRAS),
+    ]
+    return [play(parent, parent_ops), play(prefix, prefix_ops)]
 
 
 # ----- errors -------------------------------------------------------------------------------------

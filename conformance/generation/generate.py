@@ -34,6 +34,7 @@ from pagedprefix.spec import (
 from ..judging.driver import Outcome, Step
 from ..protocol import Capabilities
 from ..protocol.codec import Json, extras_from_json, extras_to_json
+from ..protocol.placeholders import placeholder_form
 
 ALPHABET = (1, 2, 3)
 FILLER = 7  # a token no other family uses: prompts of it evict without hitting
@@ -133,12 +134,23 @@ class Context:
 
     # ----- steps ------------------------------------------------------------------------------
 
+    def request_form(self, tokens: Sequence[int], extras: Json) -> tuple[list[int], Json]:
+        """A prompt as this engine may be sent it: in the placeholder form when it declares
+        ``mm_placeholders`` (:func:`pagedprefix.conformance.protocol.placeholders.placeholder_form`),
+        else as it is."""
+        if not self.caps.mm_placeholders:
+            return list(tokens), extras
+        parsed = extras_from_json(extras) if isinstance(extras, dict) else NO_EXTRAS
+        formed, new = placeholder_form(tokens, parsed)
+        return formed, _json_or_none(new)
+
     def allocate(self, draw: Draw, tokens: Sequence[int], extras: Json = None) -> Json | None:
         """Admit ``tokens`` under a fresh id (none free: nothing sent); returns the id if the
         request is live now (``None`` when nothing was sent or the admission failed)."""
         rid = self.fresh_id(draw)
         if rid is None:
             return None
+        tokens, extras = self.request_form(tokens, extras)
         step: Step = {"op": "allocate", "request_id": rid, "tokens": list(tokens)}
         if extras:
             step["extras"] = extras
@@ -152,6 +164,7 @@ class Context:
     def lookup(self, tokens: Sequence[int], extras: Json = None) -> None:
         if not self.may_lookup:
             return
+        tokens, extras = self.request_form(tokens, extras)
         step: Step = {"op": "lookup", "tokens": list(tokens)}
         if extras:
             step["extras"] = extras

@@ -34,6 +34,7 @@ from ..judging.model import EngineRun, SpecModel, adapter_capabilities, build_ad
 from ..judging.properties import Violation
 from ..protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
 from ..protocol.codec import Json
+from ..protocol.placeholders import step_form_violation
 from ..protocol.watchdog import BudgetSpent
 from .vector_format import dumps, make_case, schema_version_of, spec_version
 
@@ -179,7 +180,7 @@ class Shrinker:
 
     def attempt(self, config: CacheConfig, steps: list[Step]) -> bool:
         """Replay a candidate; keep it (truncated at its violation) if it still fails."""
-        if self.budget <= 0:
+        if self.budget <= 0 or not self.in_form(steps):
             return False
         self.budget -= 1
         try:
@@ -194,6 +195,11 @@ class Shrinker:
             return False
         self.config, self.steps, self.best = config, steps[: len(r.steps)], r
         return True
+
+    def in_form(self, steps: list[Step]) -> bool:
+        """Every request of ``steps`` is one the engine may be sent: in the placeholder form when
+        it declares ``mm_placeholders`` (:mod:`pagedprefix.conformance.protocol.placeholders`)."""
+        return not self.caps.mm_placeholders or all(step_form_violation(s) is None for s in steps)
 
     def run(self) -> Replay | None:
         if not self.attempt(self.config, self.steps):

@@ -76,7 +76,7 @@ RETENTION_CLAIMS: tuple[str, ...] = (*RETENTIONS, "other")
 GROUP_FREE_ORDER_CLAIMS: tuple[str, ...] = (*GROUP_FREE_ORDERS, "other")
 SAME_STEP_STATE_CLAIMS: tuple[str, ...] = ("defer", "miss")
 
-ADAPTER_PROTOCOL_VERSION = 4
+ADAPTER_PROTOCOL_VERSION = 5
 """The adapter-protocol version this suite speaks: the set of :class:`Capabilities` fields (and
 the adapter methods they bring) it knows. An adapter declares the version it was written against
 in ``Capabilities.protocol_version``; conformance/CHANGELOG.md says what each version added.
@@ -109,6 +109,7 @@ CAPABILITY_VERSIONS: Mapping[str, int] = {
     "retention": 4,
     "group_free_order": 4,
     "same_step_state": 4,
+    "mm_placeholders": 5,
 }
 """The adapter-protocol version that introduced each capability field (conformance/CHANGELOG.md)."""
 
@@ -151,6 +152,11 @@ class Capabilities:
         weak_hash: honours ``hash_algo="weak8"`` with a deliberately collision-prone hash of its
             own (collisions then happen), for tests of ``verify_tokens``.
         verify_tokens: honours ``verify_tokens=True``: a key hit whose content differs is a miss.
+        mm_placeholders: keys a multimodal item by its identifier (and the prompt's tokens), not by
+            its offset and length, on the ground that its prompts are in the placeholder form (each
+            item's positions hold one placeholder token found nowhere else, and an identifier has
+            one length): it is sent only prompts of that form
+            (:mod:`pagedprefix.conformance.protocol.placeholders`; vLLM's multimodal processor).
         spells_extras: the adapter has ``spell_extras(extras) -> {kind: str}``, the strings its
             engine keys extra keys by (e.g. a LoRA's id string); the suite builds salts equal to
             them and to their concatenations, to find untyped aliasing.
@@ -200,6 +206,7 @@ class Capabilities:
     weak_hash: bool = False
     verify_tokens: bool = False
     spells_extras: bool = False
+    mm_placeholders: bool = False
     groups: frozenset[str] = field(default=frozenset())
     retention: str = "replay"
     group_free_order: str = "group_major"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,9 +47,10 @@ few minutes on a shared core): its suite stops itself then and reports what it j
 (``INCOMPLETE``); a worker still running :data:`~pagedprefix.conformance.running.supervise.BUDGET_SLACK`
 seconds later is killed, and the release is ``INCOMPLETE`` too."""
 
-CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.8.5", "0.10.1", "0.17.0", "0.33.0")
+CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.7.0", "0.8.5", "0.10.1", "0.17.0", "0.33.0")
 """The fixed subset ``nox -s history`` checks: one per era of the API (the constructor before and
-after ``kv_cache_config``, the manager's own hashing, ``Request.block_hasher``, today's API)."""
+after ``kv_cache_config``, the manager's own hashing, ``Request.block_hasher``, today's API) and of
+the multimodal channel (``multi_modal_hashes`` with the published bugs of 0.7.0, ``mm_features``)."""
 
 
 @dataclass
@@ -64,6 +66,11 @@ class ReleaseResult:
     wheel: str = ""
     sha256: str = ""
     seconds: float = 0.0
+    not_judged: list[dict[str, str]] = field(default_factory=list)
+    """Every property, capability and vector group the run did not judge (``name``, ``reason``)."""
+    channels: list[dict[str, Any]] = field(default_factory=list)
+    """The release's key channels (:func:`~pagedprefix.conformance.engines.vllm_release.release_channels`):
+    ``name``, ``driven``, ``reached`` (requests that used it), ``reason``."""
 
 
 # ----- the worker (one release, in its own process) ------------------------------------------------
@@ -82,6 +89,7 @@ def run_release(
 
 def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> dict[str, Any]:
     from ..engines.vllm_release import load, release_factory
+    from ..protocol.channels import channels_of
     from ..running.suite import SuiteOptions, run_suite
     from .matrix import strongest_profile
 
@@ -92,6 +100,10 @@ def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> 
     options = SuiteOptions(profile=profile, seed=seed, max_examples=examples, time_budget=budget)
     report = run_suite(factory, options, "vllm", extra_groups=[])
     failing = [r.to_json() for r in report.rows if r.status == "fail"]
+    channels = [
+        {"name": c.name, "driven": c.driven, "reached": report.reached.get(c.reach, 0), "reason": c.reason}
+        for c in channels_of(factory)
+    ]
     return {
         "version": release.version,
         "verdict": report.verdict,
@@ -100,7 +112,23 @@ def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> 
         "capabilities": caps,
         "reason": "; ".join(report.reasons()),
         "seconds": round(report.seconds, 1),
+        "not_judged": not_judged(report.rows),
+        "channels": channels,
     }
+
+
+def not_judged(rows: Sequence[Any]) -> list[dict[str, str]]:
+    """What a suite report did not judge: each ``skip`` row, and each vector group's skipped cases
+    (with every reason and its count, from the row's detail)."""
+    out = []
+    for r in rows:
+        if r.status == "skip":
+            out.append({"name": r.name, "reason": r.detail})
+        elif r.kind == "vectors":
+            skipped = re.search(r"\d+ skipped \(.*\)$", r.detail)
+            if skipped is not None:
+                out.append({"name": r.name, "reason": skipped.group(0)})
+    return out
 
 
 def release_capabilities_json(info: Any) -> dict[str, Any]:
@@ -201,6 +229,8 @@ def drive(
         got.wheel,
         got.sha256,
         time.perf_counter() - start,
+        data.get("not_judged", []),
+        data.get("channels", []),
     )
     return result
 
@@ -243,24 +273,90 @@ def run_history(
 
 
 def annotate(results: Sequence[ReleaseResult], cache_dir: Path) -> None:
-    """Give each failing row its explanation and references from the current notes, with lines
-    looked up in the release's tree in ``cache_dir`` (:func:`pagedprefix.conformance.reporting.history_notes
-    .explain`)."""
+    """Give every failing case of each release its explanation: the note its shape matches on that
+    release (:func:`pagedprefix.conformance.reporting.history_notes.explain`, lines looked up in the
+    release's tree in ``cache_dir``), else ``*unexplained*``. A failing row with no case of its own
+    (an engine error, a check group) is one case, shaped from its detail."""
+    from ..running.shapes import shape_from_json
     from .history_notes import explain
 
     for r in results:
         root = cache_dir / r.version
         for f in r.failing:
-            f["explanation"], f["references"] = explain(r.version, f["name"], root if root.is_dir() else None)
+            f["cases"] = cases_of(f)
+            for c in f["cases"]:
+                shape = shape_from_json(c["shape"])
+                c["note"], c["explanation"], c["references"] = explain(
+                    r.version, shape, root if root.is_dir() else None
+                )
+
+
+def cases_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The failing cases of a failing row; a row with none of its own (an engine error, a check
+    group, a row of an older document) is one case, shaped from its detail."""
+    from ..running.shapes import outcome_of
+
+    cases = row.get("cases")
+    if cases:
+        return list(cases)
+    detail = str(row.get("detail", ""))
+    shape = {"op": "", "outcome": outcome_of(detail), "extras_differ": []}
+    return [{"id": row["name"], "property": row["name"], "message": detail, "shape": shape}]
+
+
+@dataclass
+class Finding:
+    """The failing cases of one release that one explanation covers (or the unexplained ones of one
+    shape): the rows they fail, their case ids, the note and its references."""
+
+    note: str
+    explanation: str
+    references: list[str]
+    shape: str
+    rows: dict[str, list[str]] = field(default_factory=dict)
+    counterexample: str = ""
+    """The minimal sequence of a stateful case of the finding, if it has one."""
+    example: str = ""
+    """The first other case of the finding: ``id: [property] message``."""
+
+
+def findings(result: ReleaseResult) -> list[Finding]:
+    """Every failing case of ``result`` (annotated), grouped by explanation; unexplained cases are
+    grouped by shape, so two unexplained bugs stay apart. In order of first appearance."""
+    from ..running.shapes import shape_from_json
+
+    groups: dict[str, Finding] = {}
+    for f in result.failing:
+        for c in cases_of(f):
+            described = shape_from_json(c["shape"]).describe()
+            key = c.get("note") or f"unexplained: {described}"
+            found = groups.setdefault(
+                key,
+                Finding(
+                    c.get("note", ""), c.get("explanation", "*unexplained*"),
+                    list(c.get("references", [])), described,
+                ),
+            )
+            found.rows.setdefault(f["name"], []).append(c["id"])
+            if not found.counterexample and f.get("counterexample") and c["id"] in ("stateful", f["name"]):
+                found.counterexample = f["counterexample"]
+            if not found.example and c["id"] not in ("stateful", f["name"]):
+                found.example = f"{c['id']}: [{c['property']}] {c['message']}"
+    return list(groups.values())
 
 
 def explanation(result: ReleaseResult) -> str:
-    """The row's explanation: the notes of its failing properties, or why it was not driven."""
+    """The row's explanation: one per finding (unexplained ones say which rows and shape), or why
+    the release was not driven."""
     if result.verdict == "not driven":
         return f"not driven: {result.reason}"
-    if result.verdict == "PASS":
-        return "-"
-    notes = [r.get("explanation", "*unexplained*") for r in result.failing]
+    notes = []
+    for finding in findings(result):
+        if finding.note:
+            notes.append(finding.explanation)
+        else:
+            rows = ", ".join(f"`{name}`" for name in finding.rows)
+            notes.append(f"*unexplained*: {rows} ({finding.shape}).")
     if result.verdict == "INCOMPLETE" and result.reason:
         notes.append(result.reason)
     return " ".join(dict.fromkeys(notes)) or "-"
@@ -270,9 +366,38 @@ def _one_line(text: str) -> str:
     return " ".join(text.replace("|", "\\|").split())
 
 
+_UNDECLARED = re.compile(r"capability:? (\w+) not declared")
+
+
+def not_judged_summary(r: ReleaseResult) -> list[str]:
+    """The table's short form of what ``r`` did not judge: each capability not declared (the
+    properties and vector cases it would judge are in the section) and each channel not driven."""
+    out: list[str] = []
+    for n in r.not_judged:
+        if n["name"].startswith("capability: "):
+            name = n["name"].removeprefix("capability: ")
+            if name == "extras":
+                kinds = re.search(r"not declared: ([\w, ]+) \(", n["reason"])
+                name = f"extras {kinds.group(1)}" if kinds else name
+            out.append(name)
+        else:
+            undeclared = _UNDECLARED.search(n["reason"])
+            if undeclared is None and n["name"].startswith("vectors: "):
+                continue  # vector cases skipped for capabilities listed here; counts in the section
+            out.append(undeclared.group(1) if undeclared else n["name"])
+    out += [f"channel {c['name']}" for c in r.channels if not c["driven"]]
+    return list(dict.fromkeys(out))
+
+
 def render_row(r: ReleaseResult) -> str:
     failing = ", ".join(f"`{f['name']}`" for f in r.failing) or "-"
-    return f"| {r.version} | {r.verdict} | {failing} | {_one_line(explanation(r))} |"
+    skipped = ", ".join(f"`{n}`" for n in not_judged_summary(r)) or "-"
+    return f"| {r.version} | {r.verdict} | {failing} | {_one_line(explanation(r))} | {skipped} |"
+
+
+def _cases(ids: list[str]) -> str:
+    shown = ", ".join(f"`{i}`" for i in ids[:6])
+    return shown + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
 
 
 def render_section(r: ReleaseResult) -> list[str]:
@@ -284,17 +409,34 @@ def render_section(r: ReleaseResult) -> list[str]:
     lines.append(f"{r.verdict} at `{r.profile}`. From the release's code: {caps}.")
     if r.sha256:
         lines.append(f"Wheel `{r.wheel}`, sha256 `{r.sha256}`.")
-    for f in r.failing:
-        note = f.get("explanation", "*unexplained*")
-        refs = " ".join(f"<{u}>" for u in f.get("references", []))
+    if r.channels:
+        lines += ["", "Channels:"]
+        for c in r.channels:
+            state = (
+                f"driven, reached by {c['reached']} requests" if c["driven"] and c["reached"]
+                else "driven, NEVER REACHED" if c["driven"] else "not driven"
+            )
+            lines.append(f"- `{c['name']}`: {state}: {_one_line(c['reason'])}")
+    if r.not_judged:
+        lines += ["", "Not judged:"]
+        lines += [f"- `{n['name']}`: {_one_line(n['reason'])}" for n in r.not_judged]
+    for finding in findings(r):
+        rows = "; ".join(
+            f"`{name}`" + ("" if ids == ["stateful"] or ids == [name] else f" ({_cases(ids)})")
+            for name, ids in finding.rows.items()
+        )
+        title = f"`{finding.note}`" if finding.note else "*unexplained*"
+        refs = " ".join(f"<{u}>" for u in finding.references)
         lines += [
             "",
-            f"- FAIL `{f['name']}`: {_one_line(f['detail'])}",
+            f"- FAIL {title}, shape {finding.shape}: {rows}",
             "",
-            f"  {note}" + (f" {refs}" if refs else ""),
+            f"  {finding.explanation}" + (f" {refs}" if refs else ""),
         ]
-        if f.get("counterexample"):
-            lines += ["", "  ```text", *("  " + x for x in f["counterexample"].splitlines()), "  ```"]
+        if finding.counterexample:
+            lines += ["", "  ```text", *("  " + x for x in finding.counterexample.splitlines()), "  ```"]
+        elif finding.example:
+            lines += ["", f"  First case: {_one_line(finding.example)}"]
     return lines
 
 
@@ -306,11 +448,19 @@ HEADER = [
     "loaded from its own wheel in a process of its own and driven by "
     "`pagedprefix.conformance.engines.vllm_release` at the strongest profile its own code honestly "
     "supports. Do not edit: `pagedprefix history vllm --check` compares a regeneration. Explanations: "
-    "`conformance/reporting/history_notes.py`. One full-attention KV-cache group, events off (the hybrid "
-    "groups and the event stream of 0.33.0 are judged in `docs/MATRIX.md`).",
+    "`conformance/reporting/history_notes.py`, matched by each failing case's shape (the operation "
+    "that departs, how, and which extra-key fields differ from the request it hit; "
+    "`conformance/running/shapes.py`), never by property name: every failing case is listed under "
+    "its explanation, and a shape no note matches is *unexplained*. Multimodal items are sent from "
+    "0.6.6 on, in the placeholder form vLLM's processor gives its prompts (`mm_placeholders`, "
+    "`conformance/protocol/placeholders.py`). One full-attention KV-cache "
+    "group, events off (the hybrid groups and the event stream of 0.33.0 are judged in "
+    "`docs/MATRIX.md`). The last column lists what a row did not judge: each capability its code "
+    "does not give (the properties and vector cases that need it are listed in its section) and "
+    "each key channel not driven, with the reason in the section.",
     "",
-    "| version | verdict | failing | explanation |",
-    "|---|---|---|---|",
+    "| version | verdict | failing | explanation | not judged |",
+    "|---|---|---|---|---|",
 ]
 
 
@@ -368,6 +518,11 @@ def check(results: Sequence[ReleaseResult], committed: str) -> list[str]:
             )
         elif old[r.version][1] != new[r.version][1]:
             problems.append(f"{r.version}: section differs (minimal sequence or capabilities)")
+        for c in r.channels:
+            if c["driven"] and not c["reached"]:
+                problems.append(
+                    f"{r.version}: channel {c['name']} is declared driven but no request reached it"
+                )
     return problems
 
 

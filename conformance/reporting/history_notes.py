@@ -1,9 +1,11 @@
 """Explanations of the verdicts in ``docs/HISTORY.md`` (``pagedprefix history vllm``).
 
-Each :class:`Note` says why a property fails on the releases it covers: the file and line in *that*
-release's own code (found in the release's extracted tree by a pattern, so the line is the
-release's, not a guess) and the public issue or pull request where one exists. A failing property
-with no note is printed as ``*unexplained*`` (never hidden).
+Each :class:`Note` says why failures of one shape occur on the releases it covers
+(:mod:`pagedprefix.conformance.running.shapes`: the departing operation, the outcome, the extras
+that differ): the file and line in *that* release's own code (found in the release's extracted
+tree by a pattern, so the line is the release's, not a guess) and the public issue or pull
+request where one exists. A failing case whose shape no note matches is printed as
+``*unexplained*`` (never hidden).
 """
 
 from __future__ import annotations
@@ -12,24 +14,49 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..running.shapes import Shape
 from .history_fetch import version_key
 
 
 @dataclass(frozen=True)
+class Pattern:
+    """A set of counterexample shapes (:class:`~pagedprefix.conformance.running.shapes.Shape`):
+    the departing operation among ``ops``, the outcome among ``outcomes``, and -- unless
+    ``extras_differ`` is ``None`` -- exactly these extra-key fields differing."""
+
+    ops: frozenset[str]
+    outcomes: frozenset[str]
+    extras_differ: tuple[str, ...] | None = None
+
+    def matches(self, shape: Shape) -> bool:
+        if shape.op not in self.ops or shape.outcome not in self.outcomes:
+            return False
+        return self.extras_differ is None or shape.extras_differ == self.extras_differ
+
+
+@dataclass(frozen=True)
 class Note:
-    """An explanation of ``props`` failing on releases ``first`` .. ``last`` (inclusive).
+    """An explanation of the failures whose shape one of ``patterns`` matches, on releases
+    ``first`` .. ``last`` (inclusive): matched by what the counterexample is, not by the property
+    it fails, so two bugs failing one property get their own notes.
 
     ``text`` may hold ``{where}``: replaced by ``file`` line N, the first line of ``file`` in the
     release's tree that matches the regular expression ``pattern``.
     """
 
-    props: tuple[str, ...]
+    name: str
+    patterns: tuple[Pattern, ...]
     first: str
     last: str
     text: str
     file: str = ""
     pattern: str = ""
     references: tuple[str, ...] = ()
+
+    def covers(self, version: str, shape: Shape) -> bool:
+        key = version_key(version)
+        in_range = version_key(self.first) <= key <= version_key(self.last)
+        return in_range and any(p.matches(shape) for p in self.patterns)
 
 
 def where(root: Path | None, file: str, pattern: str) -> str:
@@ -68,9 +95,44 @@ _TOUCH_BEFORE_CHECK = (
     'after the check for allocating new blocks").'
 )
 
+_UNTAGGED_EXTRA_KEYS = (
+    "A published bug of the release: LoRA and `cache_salt` enter one block's extra keys as bare "
+    "strings (`_gen_lora_extra_hash_keys` returns `[lora_name]`, and {where}), so a LoRA named \"x\" "
+    "and a salt \"x\" give block 0 the same key: a base-model request salted \"x\" hits blocks computed "
+    "with the adapter's weights, and the salt isolates nothing from that adapter. Reported as "
+    "vllm-project/vllm#44701 (\"V1 prefix-cache extra-key domain collision between LoRA name and "
+    "cache_salt\"), a tagging fix proposed in vllm-project/vllm#44706. 0.31.0 tags both "
+    "(`(\"lora\", name, path)`, `(\"cache_salt\", salt)`) and passes."
+)
+
+_MM_PARENT_UNCHAINED = (
+    "A published bug of the release: a block's key chains only its parent's hash value, computed "
+    "from the parent's tokens without the parent's extra keys ({where}: `hash((parent_block_hash, "
+    "*curr_block_token_ids))`), so two prompts with identical placeholder tokens but different images "
+    "in one block give every later block the same key: a request hits the text blocks computed after "
+    "the other image. Fixed by vllm-project/vllm#12603 (\"[v1][Bugfix] Add extra_keys to block_hash for "
+    "prefix caching\", 0.7.1: \"to generate different hash value for two blocks with the same token "
+    "string but different extra_keys in their parent blocks\")."
+)
+
+_MM_EMPTY_EXTRA_KEYS = (
+    "A lost hit, not a wrong one: for a request with multimodal items, the extra keys of a block that "
+    "holds no item are `()` ({where}: `return tuple(extra_keys), curr_mm_idx`), where a text-only "
+    "request's are `None`, so the text blocks before an image are never shared with a text-only "
+    "request of the same tokens (the spec shares them: an item keys only the blocks it overlaps, "
+    "SEMANTICS.md section 2), and an admission that would fit with those hits is refused. Changed in "
+    "0.7.3 by vllm-project/vllm#10957 (\"[V1] LoRA Support\": `generate_block_hash_extra_keys` returns "
+    "`None` for a block without extra keys); no report of the lost sharing was found in the public "
+    "record searched."
+)
+
+_HITS = frozenset({"allocate", "lookup"})
+_WRONG_HIT = frozenset({"hit-other-content", "hit-more"})
+
 NOTES: tuple[Note, ...] = (
     Note(
-        ("hit-content", "policy-hits", "vectors: extras", "maximal-hits", "policy-sharing"),
+        "lora-by-name",
+        (Pattern(_HITS, _WRONG_HIT, ("lora.id",)),),
         "0.11.1",
         "0.30.0",
         _LORA_BY_NAME,
@@ -82,7 +144,44 @@ NOTES: tuple[Note, ...] = (
         ),
     ),
     Note(
-        ("atomic-failure", "vectors: errors", "vectors: policies", "vectors: eviction"),
+        "untagged-extra-keys",
+        (Pattern(_HITS, _WRONG_HIT, ("lora.name", "lora.id", "cache_salt")),),
+        "0.11.1",
+        "0.30.0",
+        _UNTAGGED_EXTRA_KEYS,
+        "vllm/v1/core/kv_cache_utils.py",
+        r"\[request\.cache_salt\]",
+        (
+            "https://github.com/vllm-project/vllm/issues/44701",
+            "https://github.com/vllm-project/vllm/pull/44706",
+        ),
+    ),
+    Note(
+        "mm-parent-unchained",
+        (Pattern(_HITS, _WRONG_HIT, ("mm",)),),
+        "0.6.6",
+        "0.7.0",
+        _MM_PARENT_UNCHAINED,
+        "vllm/v1/core/kv_cache_utils.py",
+        r"hash\(\(parent_block_hash, \*curr_block_token_ids\)\)",
+        ("https://github.com/vllm-project/vllm/pull/12603",),
+    ),
+    Note(
+        "mm-empty-extra-keys",
+        (
+            Pattern(_HITS, frozenset({"hit-less"}), ("mm",)),
+            Pattern(frozenset({"allocate"}), frozenset({"refused-spec-succeeds"}), ("mm",)),
+        ),
+        "0.6.6",
+        "0.7.2",
+        _MM_EMPTY_EXTRA_KEYS,
+        "vllm/v1/core/kv_cache_utils.py",
+        r"return tuple\(extra_keys\), curr_mm_idx",
+        ("https://github.com/vllm-project/vllm/pull/10957",),
+    ),
+    Note(
+        "touch-before-check",
+        (Pattern(frozenset({"allocate"}), frozenset({"refused-but-changed"})),),
         "0.6.5",
         "0.6.6.post1",
         _TOUCH_BEFORE_CHECK,
@@ -95,12 +194,18 @@ NOTES: tuple[Note, ...] = (
     ),
 )
 
+UNEXPLAINED = "*unexplained*"
 
-def explain(version: str, prop: str, root: Path | None = None) -> tuple[str, list[str]]:
-    """The note for ``prop`` failing on ``version`` (lines from the tree at ``root``) and its
-    references, or ``*unexplained*``."""
-    key = version_key(version)
-    for n in NOTES:
-        if prop in n.props and version_key(n.first) <= key <= version_key(n.last):
-            return n.text.replace("{where}", where(root, n.file, n.pattern)), list(n.references)
-    return "*unexplained*", []
+
+def note_for(version: str, shape: Shape) -> Note | None:
+    """The note whose patterns match ``shape`` on ``version``, or ``None``."""
+    return next((n for n in NOTES if n.covers(version, shape)), None)
+
+
+def explain(version: str, shape: Shape, root: Path | None = None) -> tuple[str, str, list[str]]:
+    """``(note name, text, references)`` for a failure of ``shape`` on ``version`` (lines from the
+    tree at ``root``); ``("", "*unexplained*", [])`` when no note matches."""
+    n = note_for(version, shape)
+    if n is None:
+        return "", UNEXPLAINED, []
+    return n.name, n.text.replace("{where}", where(root, n.file, n.pattern)), list(n.references)

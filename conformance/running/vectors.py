@@ -64,6 +64,7 @@ from ..judging.model import EngineRun, build_adapter
 from ..judging.properties import PROFILES, Violation
 from ..protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from ..protocol.codec import ERROR_KINDS, Json, config_from_json, error_kind
+from ..protocol.placeholders import step_form_violation
 from ..protocol.watchdog import BudgetSpent
 
 __all__ = [
@@ -328,7 +329,8 @@ class VectorRunReport:
 def unmet_requirements(case: dict[str, Json], caps: Capabilities, profile: str) -> list[str]:
     """The case's requirements this engine (or profile) does not meet: its ``requires`` list,
     and what its config needs (a block and pool size the engine supports; ``weak_hash`` for a
-    ``weak8`` config, ``verify_tokens`` for one that verifies)."""
+    ``weak8`` config, ``verify_tokens`` for one that verifies; for an engine declaring
+    ``mm_placeholders``, every request in the placeholder form)."""
     unmet: list[str] = []
     for need in case.get("requires", []):
         if need.startswith("extra:"):
@@ -363,6 +365,13 @@ def unmet_requirements(case: dict[str, Json], caps: Capabilities, profile: str) 
             unmet.append("weak_hash")
         if config.get("verify_tokens") and not caps.verify_tokens:
             unmet.append("verify_tokens")
+    if caps.mm_placeholders:
+        for i, step in enumerate(case.get("steps", [])):
+            why = step_form_violation({k: v for k, v in step.items() if k != "expect"})
+            if why is not None:
+                form = f"not in the placeholder form (step {i}: {why})"
+                unmet.append(f"multimodal keys by offset and length: {form}")
+                break
     return unmet
 
 

@@ -1,0 +1,105 @@
+"""The placeholder form of a multimodal prompt: the input precondition of engines that key an item
+by its identifier (and the tokens), not by where it lies and how long it is.
+
+The spec keys an item as ``(identifier, start - block_start, length)`` on each block it overlaps
+(SEMANTICS.md section 2), so two prompts with equal tokens and one image at two offsets never share
+a block. vLLM keys an item by its identifier alone up to 0.32 (``_gen_mm_extra_hash_keys``), and by
+``(identifier, offset - block start)`` from 0.33 on, never by its length, on a stated ground: its
+multimodal processor expands each item into placeholder tokens, so a prompt's tokens already say
+where every item lies, and an item's identifier (a hash of its content) fixes its length. An engine
+that declares ``Capabilities.mm_placeholders`` is judged on prompts of that form only -- a
+precondition of the engine's inputs, not a verdict:
+
+- every position of every item holds :data:`PLACEHOLDER_TOKEN`, and no other position does;
+- an item's length is :func:`item_length` of its identifier (one identifier, one length).
+
+The generator sends only prompts of this form to such an engine (:func:`placeholder_form` turns any
+prompt into one), the minimizer keeps only candidates of this form, and a vector case outside it is
+skipped for such an engine with the reason (:func:`form_violation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedprefix.spec import NO_EXTRAS, Extras, MultiModalItem, PrefixCacheError, check_extras
+from pagedprefix.spec.extras import canonical_mm_items
+
+from .codec import Json, extras_from_json
+
+PLACEHOLDER_TOKEN = 0
+"""The token every position of a multimodal item holds in the placeholder form (no generator family
+uses it; a vector case holding it outside every item is not in the form)."""
+
+OTHER_TOKEN = 1
+"""What :func:`placeholder_form` writes at a position outside every item that held the placeholder."""
+
+
+def item_length(identifier: str) -> int:
+    """The one length of an item with this identifier in the placeholder form: 2 to 4 tokens, a
+    fixed function of the identifier (as an image's hash fixes its number of placeholder tokens).
+    It depends on the identifier's length only, so identifiers of one length (the generator's
+    ``img-1`` and ``img-2``) share one item length: two images of one size, told apart by their
+    identifiers alone -- what an engine keying items by identifier must do."""
+    return 2 + len(identifier) % 3
+
+
+def form_violation(tokens: Sequence[int], extras: Extras) -> str | None:
+    """Why the prompt ``tokens`` with ``extras`` is not in the placeholder form, or ``None``."""
+    inside: set[int] = set()
+    for item in extras.mm_items:
+        if item.length != item_length(item.identifier):
+            return (
+                f"item {item.identifier!r} has length {item.length}; its identifier's length is "
+                f"{item_length(item.identifier)}"
+            )
+        inside.update(range(item.start, item.start + item.length))
+    for pos, token in enumerate(tokens):
+        if (pos in inside) != (token == PLACEHOLDER_TOKEN):
+            where = "inside an item" if pos in inside else "outside every item"
+            return f"position {pos} {where} holds token {token}"
+    return None
+
+
+def step_form_violation(step: Json) -> str | None:
+    """Why the request of one step (a vector or generated step: ``allocate`` or ``lookup`` with
+    ``tokens`` and JSON ``extras``) is not in the placeholder form; ``None`` for one that is, for
+    any other operation, and for malformed input (judged as such elsewhere)."""
+    if not isinstance(step, dict) or step.get("op") not in ("allocate", "lookup"):
+        return None
+    tokens = step.get("tokens")
+    extras = step.get("extras")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+        return None
+    try:
+        parsed = extras_from_json(extras) if isinstance(extras, dict) else NO_EXTRAS
+        check_extras(parsed, len(tokens))
+    except (PrefixCacheError, TypeError, ValueError, KeyError, AttributeError):
+        return None
+    return form_violation(tokens, parsed)
+
+
+def placeholder_form(tokens: Sequence[int], extras: Extras) -> tuple[list[int], Extras]:
+    """``(tokens, extras)`` turned into the placeholder form: each item given its identifier's
+    length (dropped when it then reaches past the prompt or overlaps an earlier item), its positions
+    set to :data:`PLACEHOLDER_TOKEN`, and every other placeholder position set to :data:`OTHER_TOKEN`."""
+    n = len(tokens)
+    items: list[MultiModalItem] = []
+    end = 0
+    for item in canonical_mm_items(extras.mm_items):
+        length = item_length(item.identifier)
+        if item.start >= end and item.start + length <= n:
+            items.append(MultiModalItem(item.identifier, item.start, length))
+            end = item.start + length
+    inside = {p for item in items for p in range(item.start, item.start + item.length)}
+    out = [
+        PLACEHOLDER_TOKEN if pos in inside else (OTHER_TOKEN if t == PLACEHOLDER_TOKEN else t)
+        for pos, t in enumerate(tokens)
+    ]
+    return out, Extras(extras.lora, extras.cache_salt, tuple(items), extras.prompt_embeds)
+
+
+__all__ = [
+    "OTHER_TOKEN", "PLACEHOLDER_TOKEN", "form_violation", "item_length", "placeholder_form",
+    "step_form_violation",
+]
