@@ -312,7 +312,8 @@ class Finding:
     note: str
     explanation: str
     references: list[str]
-    shape: str
+    shapes: list[str]
+    """The distinct shapes of its cases (:meth:`~pagedprefix.conformance.running.shapes.Shape.describe`)."""
     rows: dict[str, list[str]] = field(default_factory=dict)
     counterexample: str = ""
     """The minimal sequence of a stateful case of the finding, if it has one."""
@@ -324,19 +325,19 @@ def findings(result: ReleaseResult) -> list[Finding]:
     """Every failing case of ``result`` (annotated), grouped by explanation; unexplained cases are
     grouped by shape, so two unexplained bugs stay apart. In order of first appearance."""
     from ..running.shapes import shape_from_json
+    from .history_notes import UNEXPLAINED
 
     groups: dict[str, Finding] = {}
     for f in result.failing:
         for c in cases_of(f):
             described = shape_from_json(c["shape"]).describe()
             key = c.get("note") or f"unexplained: {described}"
-            found = groups.setdefault(
-                key,
-                Finding(
-                    c.get("note", ""), c.get("explanation", "*unexplained*"),
-                    list(c.get("references", [])), described,
-                ),
-            )
+            if key not in groups:
+                text, refs = c.get("explanation", UNEXPLAINED), list(c.get("references", []))
+                groups[key] = Finding(c.get("note", ""), text, refs, [])
+            found = groups[key]
+            if described not in found.shapes:
+                found.shapes.append(described)
             found.rows.setdefault(f["name"], []).append(c["id"])
             if not found.counterexample and f.get("counterexample") and c["id"] in ("stateful", f["name"]):
                 found.counterexample = f["counterexample"]
@@ -356,7 +357,7 @@ def explanation(result: ReleaseResult) -> str:
             notes.append(finding.explanation)
         else:
             rows = ", ".join(f"`{name}`" for name in finding.rows)
-            notes.append(f"*unexplained*: {rows} ({finding.shape}).")
+            notes.append(f"*unexplained*: {rows} ({'; '.join(finding.shapes)}).")
     if result.verdict == "INCOMPLETE" and result.reason:
         notes.append(result.reason)
     return " ".join(dict.fromkeys(notes)) or "-"
@@ -429,7 +430,7 @@ def render_section(r: ReleaseResult) -> list[str]:
         refs = " ".join(f"<{u}>" for u in finding.references)
         lines += [
             "",
-            f"- FAIL {title}, shape {finding.shape}: {rows}",
+            f"- FAIL {title} ({'; '.join(finding.shapes)}): {rows}",
             "",
             f"  {finding.explanation}" + (f" {refs}" if refs else ""),
         ]
