@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -325,3 +326,31 @@ def test_a_partial_run_keeps_the_other_releases(tmp_path: Path) -> None:
         ("0.6.5", "FAIL"), ("0.7.0", "FAIL"), ("0.7.1", "not driven"), ("0.8.0", "PASS"),
     ]
     assert merged[0].failing[0]["counterexample"] == "1. allocate(1, [1, 2])"
+
+
+def test_release_channels_follow_the_release_code() -> None:
+    """The channel inventory comes from what the release's code has: multimodal items are driven
+    where the key reads them; where it does not, the row says why no multimodal request is cached
+    (the engine's own switch), or marks it unexplained."""
+    from pagedprefix.conformance.engines.vllm_release import (
+        ReleaseInfo,
+        release_capabilities,
+        release_channels,
+    )
+
+    base = ReleaseInfo("0.6.5", False, False, {"sha256": "builtin"}, "builtin", "", False, False, False,
+                       "append_all", True, lora_input=True, mm_caching_off=True)
+    channels = {c.name: c for c in release_channels(base)}
+    mm = channels["multi_modal_data"]
+    assert not mm.driven and "turns prefix caching off" in mm.reason
+    assert not channels["lora_request"].driven and "0.7.3" in channels["lora_request"].reason
+    caps = release_capabilities(base)
+    assert "mm" not in caps.extras and not caps.mm_placeholders
+    silent = {c.name: c for c in release_channels(replace(base, mm_caching_off=False))}
+    assert "*unexplained*" in silent["multi_modal_data"].reason
+    later = replace(base, version="0.7.0", mm_input="multi_modal_hashes", cache_salt=True)
+    channels = {c.name: c for c in release_channels(later)}
+    assert channels["multi_modal_hashes"].driven and channels["multi_modal_hashes"].spec_extra_kind == "mm"
+    assert channels["cache_salt"].driven and "multi_modal_data" not in channels
+    caps = release_capabilities(later)
+    assert {"mm", "cache_salt"} <= caps.extras and caps.mm_placeholders

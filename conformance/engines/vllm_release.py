@@ -142,6 +142,8 @@ class ReleaseInfo:
             field (0.6.5).
         prompt_embeds: ``Request`` takes ``prompt_embeds``.
         lora_input: ``Request`` takes ``lora_request``.
+        mm_caching_off: the release's engine turns prefix caching off for multimodal models
+            (``vllm/engine/arg_utils.py`` says so).
     """
 
     version: str
@@ -158,6 +160,7 @@ class ReleaseInfo:
     mm_input: str = ""
     prompt_embeds: bool = False
     lora_input: bool = False
+    mm_caching_off: bool = False
 
 
 def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
@@ -232,10 +235,16 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         mm_input=_mm_input(request_params, _source(utils)),
         prompt_embeds="prompt_embeds" in request_params,
         lora_input="lora_request" in request_params,
+        mm_caching_off=_MM_CACHING_OFF in _read(release.root / "vllm" / "engine" / "arg_utils.py"),
     )
 
 
 _MM_INPUTS = ("mm_features", "multi_modal_hashes")
+_MM_CACHING_OFF = "supported for multimodal models and has been disabled"
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
 def _mm_input(request_params: dict[str, inspect.Parameter], utils_source: str) -> str:
@@ -286,12 +295,15 @@ def release_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
         )
         channels.append(Channel(info.mm_input, f"Request({info.mm_input}=...)", True, "mm", mm))
     else:
-        off = (
-            "the release's key has no multimodal field, and its engine turns prefix caching off for "
-            "multimodal models (`vllm/engine/arg_utils.py`: \"--enable-prefix-caching is currently not "
-            "supported for multimodal models and has been disabled\"), so no multimodal request is "
-            "served from the cache"
-        )
+        off = "the release's key has no multimodal field (`_gen_mm_extra_hash_keys` absent)"
+        if info.mm_caching_off:
+            off += (
+                ", and its engine turns prefix caching off for multimodal models "
+                f"(`vllm/engine/arg_utils.py`: \"prefix caching is currently not {_MM_CACHING_OFF}\"), "
+                "so no multimodal request is served from the cache"
+            )
+        else:
+            off += ": a multimodal request would share blocks across images (*unexplained*: not yet judged)"
         channels.append(Channel("multi_modal_data", "token_inputs(multi_modal_data=...)", False, "mm", off))
     if info.prompt_embeds:
         channels.append(Channel("prompt_embeds", "Request(prompt_embeds=tensor)", False, "prompt_embeds",
