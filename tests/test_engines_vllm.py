@@ -295,20 +295,21 @@ def test_event_verdict() -> None:
 def test_mm_features_cannot_be_built_from_the_installed_package() -> None:
     """Why the `mm_features` channel is not driven in these rows (it is in the history's 0.33.0
     row): in a bare interpreter the installed `vllm.multimodal.inputs` does not import (it needs
-    `transformers`, which the pinned engine install lacks), so the adapter's loader stands it in
-    (`vllm_load.STAND_INS`), and the stand-in's `MultiModalFeatureSpec` refuses to be built."""
-    import importlib.util
+    Pillow and `transformers`, which the pinned engine install lacks), so the adapter's loader
+    stands it in (`vllm_load.STAND_INS`), and the stand-in's `MultiModalFeatureSpec` refuses to be
+    built."""
     import subprocess
     import sys
 
     from pagedprefix.conformance.engines._harness import StandInUsed
 
-    if importlib.util.find_spec("transformers") is not None:
-        pytest.skip("transformers is installed here: the channel could be driven")
     bare = subprocess.run(
         [sys.executable, "-c", "import vllm.multimodal.inputs"], capture_output=True, text=True, timeout=120
     )
-    assert bare.returncode != 0 and "No module named 'transformers'" in bare.stderr, bare.stderr[-500:]
+    if bare.returncode == 0:
+        pytest.skip("vllm.multimodal.inputs imports here (Pillow and transformers installed)")
+    missing = re.search(r"No module named '(\w+)", bare.stderr)
+    assert missing is not None and missing.group(1) in ("PIL", "transformers"), bare.stderr[-500:]
     from pagedprefix.conformance.engines.vllm_load import loaded
 
     loaded()
