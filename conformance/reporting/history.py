@@ -120,14 +120,12 @@ def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> 
 def not_judged(rows: Sequence[Any]) -> list[dict[str, str]]:
     """What a suite report did not judge: each ``skip`` row, and each vector group's skipped cases
     (with every reason and its count, from the row's detail)."""
+    from .matrix import vector_skips
+
     out = []
     for r in rows:
-        if r.status == "skip":
-            out.append({"name": r.name, "reason": r.detail})
-        elif r.kind == "vectors":
-            skipped = re.search(r"\d+ skipped \(.*\)$", r.detail)
-            if skipped is not None:
-                out.append({"name": r.name, "reason": skipped.group(0)})
+        skipped = [(r.name, r.detail)] if r.status == "skip" else vector_skips([r])
+        out += [{"name": name, "reason": why} for name, why in skipped]
     return out
 
 
