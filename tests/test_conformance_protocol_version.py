@@ -85,12 +85,14 @@ def test_only_later_capabilities_left_at_default_are_named() -> None:
     line = protocol_warning(caps)
     assert line is not None
     named = set(re.findall(r"(\w+) \(v\d\)", line))
-    later = {"events", "groups", "retention", "group_free_order", "same_step_state", "mm_placeholders"}
+    later = {"events", "groups", "retention", "group_free_order", "same_step_state", "mm_placeholders",
+             "engine_keys", "seed_env", "seed_pinned", "seed_unpinned", "seed_source"}
     assert named == later
     # every later capability declared away from its default: the line names none, still warns
     declared = Capabilities(events=True, groups=frozenset({"full"}), retention="dense",
                             group_free_order="reversed_concat", same_step_state="miss", mm_placeholders=True,
-                            protocol_version=3)
+                            engine_keys=True, seed_env="SEED", seed_pinned="equal", seed_unpinned="differ",
+                            seed_source="its docs", protocol_version=3)
     line = protocol_warning(declared)
     assert line is not None and "left at their defaults" not in line
     assert "protocol_version 3" in line
@@ -205,3 +207,19 @@ def test_conform_prints_the_warning_once_on_stderr_and_in_the_json(tmp_path: Pat
     report = json.loads(report_path.read_text(encoding="utf-8"))
     assert report["warnings"] == [warnings[0].removeprefix("warning: ")]
     assert report["capabilities"]["protocol_version"] == 1
+
+
+def test_seed_declarations_are_checked() -> None:
+    caps = Capabilities(engine_keys=True, seed_env="PYTHONHASHSEED", seed_pinned="equal",
+                        seed_unpinned="differ", seed_source="kv_cache_utils.py", protocol_version=6)
+    assert Capabilities.from_json(caps.to_json()) == caps
+    for bad, message in (
+        ({"seed_env": "1-not-a-name"}, "seed_env must be null or an environment variable name"),
+        ({"seed_pinned": "maybe"}, "seed_pinned must be one of"),
+        ({"seed_unpinned": True}, "seed_unpinned must be one of"),
+        ({"seed_source": 3}, "seed_source must be a string"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Capabilities.from_json(bad)
+    with pytest.raises(ValueError, match="seed_pinned must be one of"):
+        Capabilities(seed_pinned="sometimes").check()

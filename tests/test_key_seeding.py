@@ -1,7 +1,10 @@
-"""The key-seeding property (issue 19 item 3, SEMANTICS.md section 2): two fresh instances of an
-engine, each in its own worker process — with a pinned seed the first block's key is equal, without
-one it differs. Proven by broken engines of ours: a constant default seed, a seed drawn once per
-process from a fixed generator, and a pinned seed that is ignored."""
+"""The key-seeding property (issue 19 item 3, issue 34 part 2, SEMANTICS.md section 2): two fresh
+instances of an engine, each in its own worker process — with a pinned seed the first block's key is
+equal, without one it differs. Judged by the spec's ``hash_seed`` for engines with the spec's keys,
+and by the engine's own seed variable (``seed_env``) and its own keys (``engine_key``) for the
+others, each half only where the engine promises it. Proven by broken engines of ours: a constant
+default seed, a seed drawn once per process from a fixed generator, a pinned seed that is ignored,
+an engine key that ignores the content, and a harness pin the check must not inherit."""
 
 from __future__ import annotations
 
@@ -35,6 +38,56 @@ ENGINES = textwrap.dedent(
 
     def ignores_pinned_seed(config):
         return impl(replace(config, hash_seed=None))
+
+    import hashlib, os
+
+    class EnvSeeded:
+        # The spec's keys salted with a seed (from $PPTEST_KEY_SEED, or random per process when
+        # unset), shown only as the engine's own opaque key; the promises come from the arguments.
+
+        def __init__(self, config, promise=("equal", "differ"), seed=None, key=None):
+            fixed = replace(config, hash_seed=7) if config.hash_algo == "xxh3_128" else config
+            self.inner = impl(fixed)  # the engine's key is seeded by self.seed only
+            self.seed = os.urandom(16).hex() if seed is None else seed
+            self.key = key
+            self.capabilities = replace(
+                self.inner.capabilities, keys=False, engine_keys=True, seed_env="PPTEST_KEY_SEED",
+                seed_pinned=promise[0], seed_unpinned=promise[1], seed_source="tests: seed_engines",
+                protocol_version=6,
+            )
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def engine_key(self, block_id):
+            raw = f"{self.seed}:{self.inner.block_hash(block_id).hex()}".encode()
+            return self.key or "k-" + hashlib.sha256(raw).hexdigest()
+
+    _PROCESS_SEED = os.urandom(16).hex()
+
+    def _env_seed(default=_PROCESS_SEED):
+        return os.environ.get("PPTEST_KEY_SEED", default)
+
+    def env_seeded(config):
+        return EnvSeeded(config, seed=_env_seed())
+
+    def env_constant_key(config):
+        return EnvSeeded(config, seed=_env_seed(), key="the-same-key")
+
+    def env_ignores_pin(config):
+        return EnvSeeded(config)
+
+    def env_fixed_default(config):  # unset: a constant seed, while promising different keys
+        return EnvSeeded(config, seed=_env_seed("vllm-style-default"))
+
+    def env_fixed_default_declared(config):  # the same, declared (vLLM 0.33's sha256)
+        return EnvSeeded(config, ("equal", "equal"), seed=_env_seed("vllm-style-default"))
+
+    def env_unpromised(config):
+        return EnvSeeded(config, ("unpromised", "unpromised"), seed=_env_seed())
+
+    def env_unpinned_only(config):  # promises only the unset half (vLLM 0.7.2's hash('None'))
+        return EnvSeeded(config, ("unpromised", "differ"))
 
     def no_xxh3(config):
         from pagedprefix.conformance import UnsupportedConfig
@@ -109,3 +162,63 @@ def test_the_default_conform_judges_it(engines_dir: Path) -> None:
     report = run_suite(factory, SuiteOptions(max_examples=0), extra_groups=[])
     rows = {r.name: r for r in report.rows}
     assert rows[NAME].status == "fail" and report.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("engine", "status", "expected"),
+    [
+        ("env_seeded", "pass", "sha256 with PPTEST_KEY_SEED=20261206: equal as promised"),
+        ("env_fixed_default_declared", "pass", "sha256 with PPTEST_KEY_SEED unset: equal as promised"),
+        ("env_unpinned_only", "pass", "not judged: sha256 with PPTEST_KEY_SEED=20261206 (no promise"),
+        ("env_constant_key", "fail", "the key observed does not depend on the block's content"),
+        ("env_ignores_pin", "fail", "with PPTEST_KEY_SEED=20261206: two fresh processes give the same block "
+                                    "different keys"),
+        ("env_fixed_default", "fail", "with PPTEST_KEY_SEED unset: two fresh processes give the same block "
+                                      "the same key"),
+        ("env_unpromised", "skip", "(no promise: tests: seed_engines)"),
+    ],
+)
+def test_the_engines_own_seed_variable_is_judged_as_it_promises(
+    engines_dir: Path, engine: str, status: str, expected: str
+) -> None:
+    got, detail = verdict(f"seed_engines:{engine}", [engines_dir], isolate=False)
+    assert (got, expected in detail) == (status, True), detail
+
+
+def test_the_harness_never_pins_what_it_judges(engines_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's own pin of the engine's seed variable does not reach the unpinned half: the
+    fresh processes run without it, so a correct engine still passes and a fixed default still
+    fails. (Inheriting the pin would make the unpinned keys equal, a false FAIL of the correct one
+    and a false PASS of the broken one.)"""
+    monkeypatch.setenv("PPTEST_KEY_SEED", "pinned-by-the-user")
+    assert verdict("seed_engines:env_seeded", [engines_dir], isolate=False)[0] == "pass"
+    assert verdict("seed_engines:env_fixed_default", [engines_dir], isolate=False)[0] == "fail"
+
+
+def test_changed_env_sets_and_removes() -> None:
+    from pagedprefix.conformance.generation.seeding import changed_env
+
+    assert changed_env(None, {}) is None
+    base = {"A": "1", "PYTHONHASHSEED": "0"}
+    assert changed_env(base, {"PYTHONHASHSEED": None, "B": "2"}) == {"A": "1", "B": "2"}
+    assert base == {"A": "1", "PYTHONHASHSEED": "0"}
+
+
+def test_the_seed_channel_is_reached_by_fresh_processes(engines_dir: Path) -> None:
+    from pagedprefix.conformance.protocol.channels import SEED_ENV, recording
+
+    with recording() as reached:
+        verdict("seed_engines:env_seeded", [engines_dir], isolate=False)
+    assert reached[SEED_ENV] == 4  # two fresh processes per half
+
+
+def test_engine_keys_travel_over_the_jsonl_protocol(engines_dir: Path) -> None:
+    factory = load_engine("seed_engines:env_seeded", paths=[engines_dir])
+    try:
+        adapter = factory(CacheConfig(block_size=2, num_blocks=4))
+        table = adapter.allocate("r", [5, 6]).block_table
+        assert adapter.capabilities.engine_keys and adapter.capabilities.seed_env == "PPTEST_KEY_SEED"
+        key = adapter.engine_key(table[0])  # type: ignore[attr-defined]
+        assert key.startswith("k-") and len(key) == 2 + 64
+    finally:
+        factory.close()  # type: ignore[attr-defined]

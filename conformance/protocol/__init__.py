@@ -19,6 +19,7 @@ Engine shapes the protocol is meant to fit:
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -75,8 +76,11 @@ PUBLISH_DECODE_CLAIMS: tuple[str, ...] = ("append", "free")
 RETENTION_CLAIMS: tuple[str, ...] = (*RETENTIONS, "other")
 GROUP_FREE_ORDER_CLAIMS: tuple[str, ...] = (*GROUP_FREE_ORDERS, "other")
 SAME_STEP_STATE_CLAIMS: tuple[str, ...] = ("defer", "miss")
+SEED_PROMISES: tuple[str, ...] = ("equal", "differ", "unpromised")
+"""What an engine promises of the keys two fresh processes give one block (``seed_pinned``,
+``seed_unpinned``): the same key, different keys, or nothing."""
 
-ADAPTER_PROTOCOL_VERSION = 5
+ADAPTER_PROTOCOL_VERSION = 6
 """The adapter-protocol version this suite speaks: the set of :class:`Capabilities` fields (and
 the adapter methods they bring) it knows. An adapter declares the version it was written against
 in ``Capabilities.protocol_version``; conformance/CHANGELOG.md says what each version added.
@@ -110,6 +114,11 @@ CAPABILITY_VERSIONS: Mapping[str, int] = {
     "group_free_order": 4,
     "same_step_state": 4,
     "mm_placeholders": 5,
+    "engine_keys": 6,
+    "seed_env": 6,
+    "seed_pinned": 6,
+    "seed_unpinned": 6,
+    "seed_source": 6,
 }
 """The adapter-protocol version that introduced each capability field (conformance/CHANGELOG.md)."""
 
@@ -179,6 +188,24 @@ class Capabilities:
             ``cached_keys() -> Mapping[(group, key), int]`` (its observable index: blocks holding
             each key). The suite takes them after every operation (profile ``core``: properties
             ``event-index``, ``event-sequence``, ``event-parents``, ``event-extras``).
+        engine_keys: the adapter has ``engine_key(block_id) -> str``: the engine's own key of a
+            cached block, in any stable text form, compared for equality only (never with the
+            spec's key; unlike ``keys``, which promises the spec's byte-exact ones). The
+            ``key-seeding`` property observes it (:mod:`pagedprefix.conformance.generation.seeding`).
+        seed_env: the environment variable the engine seeds its keys from (vLLM:
+            ``PYTHONHASHSEED``), or ``None``. With it, ``key-seeding`` judges the engine's own
+            mechanism: each half in two fresh engine processes, the variable set to one value in
+            both (``seed_pinned``) or removed from both (``seed_unpinned``), whatever the
+            harness's own environment holds. Without it, an engine with ``keys`` is judged by the
+            spec's ``hash_seed`` (SEMANTICS.md section 2).
+        seed_pinned, seed_unpinned: what the engine promises of the engine keys of one block in
+            two fresh processes with ``seed_env`` set to one value / unset: ``"equal"``,
+            ``"differ"`` or ``"unpromised"`` (that half is not judged). Declared from the
+            engine's own code or documentation, cited in ``seed_source``; may depend on the
+            config (vLLM 0.33: unset means a fixed seed for ``sha256``, a random one for
+            ``xxhash``).
+        seed_source: where the promises come from (the engine's file and function, its docs), or
+            why the engine makes none; shown with the verdict.
         protocol_version: the adapter-protocol version the adapter was written against (an int
             ``>= 1``; :data:`ADAPTER_PROTOCOL_VERSION` is the current one). Undeclared means 1,
             the oldest: the suite warns about each capability introduced after the declared
@@ -212,6 +239,11 @@ class Capabilities:
     group_free_order: str = "group_major"
     same_step_state: Literal["defer", "miss"] = "defer"
     events: bool = False
+    engine_keys: bool = False
+    seed_env: str | None = None
+    seed_pinned: str = "unpromised"
+    seed_unpinned: str = "unpromised"
+    seed_source: str = ""
     protocol_version: int = 1
 
     def claims_policy_of(self, config: CacheConfig) -> bool:
@@ -277,6 +309,14 @@ class Capabilities:
             raise ValueError("block_sizes must be a non-empty, strictly increasing list (or null)")
         if self.max_blocks is not None and self.max_blocks < self.min_blocks:
             raise ValueError("max_blocks must be >= min_blocks")
+        for name in ("seed_pinned", "seed_unpinned"):
+            if getattr(self, name) not in SEED_PROMISES:
+                raise ValueError(f"{name} must be one of {SEED_PROMISES}")
+        if self.seed_env is not None and not _ENV_NAME.fullmatch(self.seed_env):
+            raise ValueError(f"seed_env must be an environment variable name, got {self.seed_env!r}")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _is_int(value: object) -> bool:
@@ -300,6 +340,8 @@ def _capability_field(name: str, value: object) -> object:
         "retention": RETENTION_CLAIMS,
         "group_free_order": GROUP_FREE_ORDER_CLAIMS,
         "same_step_state": SAME_STEP_STATE_CLAIMS,
+        "seed_pinned": SEED_PROMISES,
+        "seed_unpinned": SEED_PROMISES,
     }
     if name in choices:
         if value not in choices[name]:
@@ -308,6 +350,14 @@ def _capability_field(name: str, value: object) -> object:
     if name == "dedup_on_full":
         if value is not None and not isinstance(value, bool):
             raise ValueError("dedup_on_full must be true, false or null")
+        return value
+    if name == "seed_env":
+        if value is not None and not (isinstance(value, str) and _ENV_NAME.fullmatch(value)):
+            raise ValueError("seed_env must be null or an environment variable name")
+        return value
+    if name == "seed_source":
+        if not isinstance(value, str):
+            raise ValueError("seed_source must be a string")
         return value
     if name == "block_sizes":
         if value is None:
@@ -369,7 +419,8 @@ class PrefixCacheAdapter(Protocol):
     (``ref_cnt``, ``free_blocks``, ``block_hash``) may raise :class:`NotImplementedError`; they are
     never called then. An adapter may also define ``close()``; the suite calls it when done,
     ``spell_extras(extras) -> dict[str, str]`` when it declares ``spells_extras``, and
-    ``take_events()`` / ``cached_keys()`` when it declares ``events`` (see :class:`Capabilities`).
+    ``take_events()`` / ``cached_keys()`` when it declares ``events``, and
+    ``engine_key(block_id) -> str`` when it declares ``engine_keys`` (see :class:`Capabilities`).
     """
 
     capabilities: Capabilities
@@ -460,6 +511,9 @@ class AdapterBase:
 
     def block_hash(self, block_id: int) -> bytes | None:
         raise NotImplementedError("key introspection not declared")
+
+    def engine_key(self, block_id: int) -> str:
+        raise NotImplementedError("engine keys not declared")
 
     def step(self) -> None:
         return None

@@ -36,6 +36,9 @@ from .codec import Json, extra_kinds_of
 
 REQUEST = "request"
 """The reach marker of every request sent to the engine (a channel every request carries)."""
+SEED_ENV = "seed_env"
+"""The reach marker of the engine's own seed variable (``Capabilities.seed_env``): noted once per
+fresh engine process that ``key-seeding`` starts with the variable set or removed."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class Channel:
             ``prompt_embeds``) that travels through it, or ``None`` for a channel every request
             carries (the token ids, a config option the adapter sets).
         reason: one line: how it is driven, or why it is not (with the engine file or function).
+        marker: the reach marker when it is neither an extra kind nor ``"request"`` (e.g.
+            :data:`SEED_ENV`), else ``None``.
     """
 
     name: str
@@ -58,11 +63,19 @@ class Channel:
     driven: bool
     spec_extra_kind: ExtraKind | None
     reason: str
+    marker: str | None = None
 
     @property
     def reach(self) -> str:
-        """The marker that reaching this channel records: its extra kind, else ``"request"``."""
-        return self.spec_extra_kind or REQUEST
+        """The marker that reaching this channel records: :attr:`marker`, else its extra kind,
+        else ``"request"``."""
+        return self.marker or self.spec_extra_kind or REQUEST
+
+    @property
+    def counts(self) -> str:
+        """What a reach of this channel counts: ``"fresh engine processes"`` (:data:`SEED_ENV`) or
+        ``"requests"``."""
+        return "fresh engine processes" if self.marker == SEED_ENV else "requests"
 
 
 def check_channels(channels: Sequence[Channel]) -> tuple[Channel, ...]:
@@ -134,6 +147,12 @@ def note_request(extras: Json) -> None:
     markers = [REQUEST, *sorted(extra_kinds_of(extras))]
     for counter in _RECORDERS:
         counter.update(markers)
+
+
+def note_marker(marker: str) -> None:
+    """Note that the channel with reach marker ``marker`` was reached once (e.g. :data:`SEED_ENV`)."""
+    for counter in _RECORDERS:
+        counter[marker] += 1
 
 
 def unreached(channels: Sequence[Channel], reached: Mapping[str, int]) -> list[Channel]:

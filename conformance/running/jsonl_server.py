@@ -214,6 +214,7 @@ class Server(JsonLinesServer[AdapterFactory]):
             "ref_cnt": lambda: {"ref_cnt": cache.ref_cnt(params["block_id"])},
             "free_blocks": lambda: {"free_blocks": list(cache.free_blocks())},
             "block_hash": lambda: {"block_hash": self._hex(cache.block_hash(params["block_id"]))},
+            "engine_key": lambda: {"engine_key": cache.engine_key(params["block_id"])},  # type: ignore[attr-defined]
             "step": lambda: cache.step(),
             "block_tables": lambda: {
                 "block_tables": self._tables(cache.block_tables(params["request_id"]))  # type: ignore[attr-defined]

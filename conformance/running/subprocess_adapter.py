@@ -36,6 +36,8 @@ num_free_blocks     {"handle"}                            {"num_free_blocks"}
 ref_cnt             {"handle", "block_id"}                {"ref_cnt"}
 free_blocks         {"handle"}                            {"free_blocks"}
 block_hash          {"handle", "block_id"}                {"block_hash": hex or null}
+engine_key          {"handle", "block_id"}                {"engine_key": str} (``engine_keys``
+                                                          engines, adapter protocol 6)
 step                {"handle"}                            null
 observe (v2)        {"handle", "request_ids",             {"num_free_blocks", "tables": [[id,
                     "ref_cnt", "free_blocks", "keys",     table]], "ref_cnt"?, "free_blocks"?,
@@ -507,6 +509,12 @@ class SubprocessAdapter:
     def block_hash(self, block_id: int) -> bytes | None:
         value = self._call("block_hash", block_id=block_id)["block_hash"]
         return None if value is None else bytes.fromhex(value)
+
+    def engine_key(self, block_id: int) -> str:
+        value = self._call("engine_key", block_id=block_id)["engine_key"]
+        if not isinstance(value, str):
+            raise EngineProcessError(f"engine_key returned {value!r:.200}, not a string")
+        return value
 
     def spell_extras(self, extras: Extras) -> dict[str, str]:
         value = self._call("spell_extras", extras=extras_json(extras))

@@ -18,7 +18,7 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 from pagedprefix.spec import CacheConfig, PrefixCacheError
 
 from ..generation.seeding import NAME as KEY_SEEDING
-from ..generation.seeding import key_seeding_result, register_respawn
+from ..generation.seeding import EnvChanges, Respawn, changed_env, key_seeding_result, register_respawn
 from ..generation.vector_format import dumps
 from ..judging.properties import PROPERTIES, Violation, profile_rank
 from ..protocol import (
@@ -280,8 +280,6 @@ def load_engine(
     :class:`~pagedprefix.conformance.running.subprocess_adapter.EngineProcessError` or
     :class:`~pagedprefix.conformance.protocol.watchdog.EngineHung` (both ``EngineLost``).
     """
-    from .subprocess_adapter import subprocess_factory
-
     search = [str(Path(p).resolve()) for p in paths]
     if name.startswith("jsonl:"):
         argv = shlex.split(name[len("jsonl:") :])
@@ -294,8 +292,7 @@ def load_engine(
         env["PYTHONPATH"] = os.pathsep.join([*search, *filter(None, [env.get("PYTHONPATH")])])
         env[WORKER_ENV] = "1"
 
-    def respawn() -> AdapterFactory:
-        return subprocess_factory(argv, env, call_timeout, start_timeout)
+    respawn = worker_respawn(argv, env, call_timeout, start_timeout)
 
     if isolate is None:
         isolate = name not in BUILTIN_ENGINES
@@ -307,10 +304,23 @@ def load_engine(
             sys.path.append(os.getcwd())
         factory = checked_factory(name, import_factory(name, ENGINE_SHORT_NAMES))
     else:
-        factory = respawn()
+        factory = respawn({})
         factory.start()  # type: ignore[attr-defined]
     register_respawn(factory, respawn)
     return factory
+
+
+def worker_respawn(
+    argv: Sequence[str], env: Mapping[str, str] | None, call_timeout: float, start_timeout: float
+) -> Respawn:
+    """How to start the engine server ``argv`` afresh: each call starts a new process with
+    ``env`` (``None``: this process's environment) changed as the call says (:data:`Respawn`)."""
+    from .subprocess_adapter import subprocess_factory
+
+    def respawn(changes: EnvChanges) -> AdapterFactory:
+        return subprocess_factory(argv, changed_env(env, changes), call_timeout, start_timeout)
+
+    return respawn
 
 
 WORKER_ENV = "PAGEDPREFIX_WORKER"
