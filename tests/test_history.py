@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -354,3 +355,50 @@ def test_release_channels_follow_the_release_code() -> None:
     assert channels["cache_salt"].driven and "multi_modal_data" not in channels
     caps = release_capabilities(later)
     assert {"mm", "cache_salt"} <= caps.extras and caps.mm_placeholders
+
+
+def _utils(tmp_path: Path, name: str, source: str, **attrs: object) -> types.SimpleNamespace:
+    f = tmp_path / name / "kv_cache_utils.py"
+    f.parent.mkdir(parents=True)
+    f.write_text(source, encoding="utf-8")
+    return types.SimpleNamespace(__file__=str(f), **attrs)
+
+
+def test_seed_promises_are_read_from_the_release_code(tmp_path: Path) -> None:
+    """Each era of vLLM's root key, as its own source states it (issue 34 part 2): the suite judges
+    only the halves a release promises, and says where the promise comes from."""
+    from pagedprefix.conformance.engines.vllm import seed_declaration
+
+    def xxhash(data: object) -> bytes:
+        return b""
+
+    def sha256(data: object) -> bytes:
+        return b""
+
+    resolve = _utils(tmp_path, "r", "def resolve_none_hash_seed(f): ...\n",
+                     resolve_none_hash_seed=object(), _NON_CRYPTO_HASH_FUNCTIONS=frozenset({xxhash}))
+    assert [seed_declaration(resolve, f)["seed_unpinned"] for f in (sha256, xxhash)] == ["equal", "differ"]
+    assert seed_declaration(resolve, sha256)["seed_pinned"] == "equal"
+    src = "NONE_HASH = os.urandom(32) if os.getenv('PYTHONHASHSEED') is None else 1\n"
+    urandom = _utils(tmp_path, "u", src)
+    assert [seed_declaration(urandom, None)[k] for k in ("seed_env", "seed_pinned", "seed_unpinned")] == [
+        "PYTHONHASHSEED", "equal", "differ"]
+    string_root = _utils(tmp_path, "s", "        parent_block_hash = hash('None')\n")
+    got = seed_declaration(string_root, None)
+    assert (got["seed_pinned"], got["seed_unpinned"]) == ("unpromised", "differ")
+    none_root = _utils(tmp_path, "n", "    return hash((parent_block_hash, tokens))\n")
+    got = seed_declaration(none_root, None)
+    assert got["seed_env"] is None and "12621" in got["seed_source"]
+
+
+def test_opaque_keys_of_every_era() -> None:
+    from collections import namedtuple
+
+    from pagedprefix.conformance.engines.vllm import opaque_key
+
+    BlockHashType = namedtuple("BlockHashType", "hash_value token_ids extra_keys")
+    BlockHashWithGroupId = namedtuple("BlockHashWithGroupId", "block_hash group_id")
+    assert opaque_key(BlockHashWithGroupId(BlockHashType(-5, (1, 2), None), 0)) == "-5"
+    assert opaque_key(b"\x01\xff") == "01ff" and opaque_key(7) == "7"
+    with pytest.raises(ValueError, match="not a cached block's hash"):
+        opaque_key(None)

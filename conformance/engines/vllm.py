@@ -33,7 +33,11 @@ Mapping decisions
   ``hash_seed`` is not mappable: vLLM takes the root's seed from ``PYTHONHASHSEED``, which the
   adapter leaves alone. ``namespace``: vLLM has no namespace; a cache instance is one. vLLM's
   ``NONE_HASH`` is a module global, so instances in one process share the root (``sha256``: fixed).
-  The keys are not the spec's bytes (``keys=False``).
+  The keys are not the spec's bytes (``keys=False``); the adapter shows vLLM's own
+  (``engine_key``: ``KVCacheBlock.block_hash`` as text, :func:`opaque_key`) and declares vLLM's own
+  seeding as its ``kv_cache_utils`` promises it (:func:`seed_declaration`: ``PYTHONHASHSEED`` set,
+  equal keys; unset, equal for ``sha256`` and different for ``xxhash``), which ``key-seeding``
+  judges in fresh engine processes with the variable set or removed.
 - **Requests.** The spec's request id ``x`` becomes vLLM's string id ``f"{type(x).__name__}:{x}"``
   (``int:1`` and ``str:1`` stay apart). ``Request(request_id, prompt_token_ids, SamplingParams(
   max_tokens=2**20), pooling_params=None, lora_request=..., cache_salt=..., block_hasher=...)``.
@@ -147,9 +151,11 @@ are and :meth:`VllmAdapter.take_events` maps onto :mod:`pagedprefix.spec.events`
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from pagedprefix import spec
@@ -161,6 +167,7 @@ from pagedprefix.spec.hybrid import config_groups
 from ..judging.event_check import UNTAGGED
 from ..protocol import UnsupportedConfig
 from ..protocol.adapters import NumberedEvents
+from ..protocol.channels import SEED_ENV as CHANNEL_SEED
 from ..protocol.channels import Channel, declare_channels
 from ._engine import EngineAdapter, engine_capabilities, engine_request_id
 from .vllm_load import IMPORTS_NEEDED, STAND_INS, TARGETS, VERSION, SamplingParams, loaded, unavailable_reason
@@ -184,6 +191,69 @@ def hash_name(config: spec.CacheConfig) -> str:
     if algo is None:
         raise UnsupportedConfig(f"vLLM has no counterpart of hash_algo={config.hash_algo!r}")
     return algo
+
+
+SEED_ENV = "PYTHONHASHSEED"
+_12621 = "vllm-project/vllm#12621"
+
+
+def seed_declaration(utils: Any, hash_fn: Any) -> dict[str, Any]:
+    """The key-seeding capabilities (``seed_env``, ``seed_pinned``, ``seed_unpinned``,
+    ``seed_source``) of a release's ``vllm/v1/core/kv_cache_utils`` module ``utils`` under the hash
+    function ``hash_fn`` (``None``: the manager hashes by name), read from its code:
+
+    - ``resolve_none_hash_seed`` (0.33 on): ``PYTHONHASHSEED`` wins; unset, a fixed seed for
+      cryptographic hashes and a random one for those in ``_NON_CRYPTO_HASH_FUNCTIONS``;
+    - ``NONE_HASH`` from ``os.urandom`` unless ``PYTHONHASHSEED`` is set (0.8.3 on);
+    - ``hash('None')`` as the root (0.7.2 to 0.8.2): "hashed differently per process" (its
+      comment), a promise for the unset case only;
+    - else the root is ``hash(None)``: no seed read and nothing promised (its predictability from
+      CPython 3.12 is what vllm-project/vllm#12621 fixed in 0.7.2).
+    """
+    path = getattr(utils, "__file__", None)
+    source = Path(path).read_text(encoding="utf-8") if path else ""
+    where = "vllm/v1/core/kv_cache_utils.py"
+    if hasattr(utils, "resolve_none_hash_seed"):
+        non_crypto = hash_fn in getattr(utils, "_NON_CRYPTO_HASH_FUNCTIONS", ())
+        return {
+            "seed_env": SEED_ENV, "seed_pinned": "equal",
+            "seed_unpinned": "differ" if non_crypto else "equal",
+            "seed_source": f"{where}: resolve_none_hash_seed (PYTHONHASHSEED wins; unset, a fixed "
+            "DEFAULT_NONE_HASH_SEED for cryptographic hashes, os.urandom for _NON_CRYPTO_HASH_FUNCTIONS)",
+        }
+    if re.search(r"getenv\(\s*['\"]PYTHONHASHSEED", source) and "urandom" in source:
+        return {
+            "seed_env": SEED_ENV, "seed_pinned": "equal", "seed_unpinned": "differ",
+            "seed_source": f"{where}: NONE_HASH is os.urandom(32) unless PYTHONHASHSEED is set, then "
+            "derived from it",
+        }
+    if "hash('None')" in source or 'hash("None")' in source:
+        return {
+            "seed_env": SEED_ENV, "seed_pinned": "unpromised", "seed_unpinned": "differ",
+            "seed_source": f"{where}: hash_block_tokens roots keys at hash('None'), \"hashed differently "
+            f"per process\" (its comment, {_12621}); nothing is said of a pinned PYTHONHASHSEED",
+        }
+    return {
+        "seed_env": None, "seed_pinned": "unpromised", "seed_unpinned": "unpromised",
+        "seed_source": f"{where}: hash_block_tokens roots keys at hash(None) and reads no seed, so "
+        f"the release promises nothing (hash(None) is a constant from CPython 3.12, fixed by {_12621} "
+        "in 0.7.2)",
+    }
+
+
+def opaque_key(value: Any) -> str:
+    """A vLLM block hash as stable text for equality (``engine_key``): bytes as hex, an int in
+    decimal, a named tuple by its hash field (``BlockHashWithGroupId.block_hash``,
+    ``BlockHashType.hash_value``). Raises ``ValueError`` for anything else (``None``: not cached)."""
+    for name in ("block_hash", "hash_value"):
+        inner = getattr(value, name, None)
+        if inner is not None:
+            return opaque_key(inner)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"not a cached block's hash: {value!r:.80}")
 
 
 CAPABILITIES = engine_capabilities(
@@ -313,6 +383,7 @@ class VllmAdapter(NumberedEvents, VllmRequests):
         hash_fn = mods["vllm.utils.hashing"].get_hash_fn_by_name(algo)
         utils.init_none_hash(hash_fn)
         self._hasher = utils.get_request_block_hasher(self.block_size, hash_fn)
+        self.capabilities = replace(self.capabilities, engine_keys=True, **seed_declaration(utils, hash_fn))
         self.requests = {}
 
     # ----- requests ---------------------------------------------------------------------------
@@ -404,6 +475,10 @@ class VllmAdapter(NumberedEvents, VllmRequests):
     def free_blocks(self) -> tuple[int, ...]:
         return tuple(b.block_id - 1 for b in self.pool.free_block_queue.get_all_free_blocks())
 
+    def engine_key(self, block_id: int) -> str:
+        """vLLM's own hash of a cached block (``KVCacheBlock.block_hash``), as :func:`opaque_key`."""
+        return opaque_key(self.pool.blocks[block_id + 1].block_hash)
+
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts()`` (a step boundary; vLLM defers same-step states)."""
         self.manager.new_step_starts()
@@ -494,7 +569,7 @@ class VllmHybridAdapter(VllmAdapter):
         # KVCacheCoordinator.free's group-major one whatever the config says (vLLM's
         # reversed-concatenated order is the scheduler's deferred-free path, not driven here).
         self.capabilities = replace(
-            CAPABILITIES, retention=config.retention, group_free_order="group_major", events=kv_events
+            self.capabilities, retention=config.retention, group_free_order="group_major", events=kv_events
         )
 
     def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
@@ -562,9 +637,10 @@ _CHANNELS_COMMON: tuple[Channel, ...] = (
     Channel("hash_fn", "CacheConfig.prefix_caching_hash_algo (get_hash_fn_by_name)", True, None,
             "the spec's `sha256` -> `sha256`, `xxh3_128` -> `xxhash`; `sha256_cbor` and `xxhash_cbor` "
             "have no spec counterpart, `weak8` none in vLLM (`UnsupportedConfig`)"),
-    Channel("none_hash_seed", "PYTHONHASHSEED (init_none_hash)", False, None,
-            "the root key's seed (sha256: the fixed `vllm-none-hash`, xxhash: random per process); the "
-            "adapter leaves the environment alone, so the spec's `hash_seed` is not mapped"),
+    Channel("none_hash_seed", "PYTHONHASHSEED (init_none_hash)", True, None,
+            "the root key's seed, judged by `key-seeding` in vLLM's own terms: fresh engine processes "
+            "with PYTHONHASHSEED set or removed, vLLM's own block hashes compared (`engine_keys`; "
+            f"{_KCU}resolve_none_hash_seed`); the spec's `hash_seed` is not mapped", marker=CHANNEL_SEED),
     Channel("hash_block_size", "get_request_block_hasher(hash_block_size, ...)", True, None,
             "the spec's block_size (hybrid configs: the gcd of the groups' block sizes)"),
     Channel("num_hash_lookahead_tokens", "get_request_block_hasher(num_hash_lookahead_tokens=L)", False, None,

@@ -29,8 +29,11 @@ numbers:
   or ``"builtin"``), else with Python's builtin ``hash()`` (the only hash of 0.6.5 to 0.8.2, stated
   in each row as ``hash builtin``). The spec's ``sha256`` maps to the release's ``sha256`` where
   there is one, else to its only hash; ``xxh3_128`` to ``xxhash`` where there is one, else
-  ``UnsupportedConfig``; ``weak8`` is never mapped. Seeding: vLLM takes the root's seed from
-  ``PYTHONHASHSEED``, which the adapter leaves alone (keys are not compared: ``keys=False``).
+  ``UnsupportedConfig``; ``weak8`` is never mapped. Seeding: the release's own keys
+  (``engine_key``) and its own promises (``seed_declaration``, read from its ``kv_cache_utils``:
+  ``hash(None)`` up to 0.7.1, nothing promised; ``hash('None')`` in 0.7.2 to 0.8.2, different keys
+  per process; ``NONE_HASH`` from ``PYTHONHASHSEED`` or ``os.urandom`` after), judged by
+  ``key-seeding`` in fresh workers that load the release by name (:func:`from_env`).
   The manager's per-request hash memo (``req_to_block_hashes``, before 0.10.1) is dropped with
   ``free_block_hashes`` when a request is freed, when its admission is refused, and after each
   lookup, as the release's scheduler drops it when a request finishes (``_free_request``).
@@ -90,10 +93,11 @@ from pagedprefix import spec
 from pagedprefix.spec.extras import canonical_mm_items
 
 from ..protocol import Capabilities, EngineUnavailable, UnsupportedConfig
+from ..protocol.channels import SEED_ENV as CHANNEL_SEED
 from ..protocol.channels import Channel
 from . import _release
 from .vllm import CAPABILITIES as CAPABILITIES_0_33
-from .vllm import MAX_MODEL_LEN, SAMPLING_MAX_TOKENS, VllmRequests, lora_path
+from .vllm import MAX_MODEL_LEN, SAMPLING_MAX_TOKENS, VllmRequests, lora_path, opaque_key, seed_declaration
 
 TARGETS: tuple[str, ...] = (
     "vllm.v1.core.kv_cache_manager",
@@ -144,6 +148,9 @@ class ReleaseInfo:
         lora_input: ``Request`` takes ``lora_request``.
         mm_caching_off: the release's engine turns prefix caching off for multimodal models
             (``vllm/engine/arg_utils.py`` says so).
+        seed_env: the variable the release seeds its root key from (``PYTHONHASHSEED``), or ``""``
+            when it reads none (:func:`~pagedprefix.conformance.engines.vllm.seed_declaration`).
+        seed_source: where the release's seeding promises come from, or why it makes none.
     """
 
     version: str
@@ -161,6 +168,8 @@ class ReleaseInfo:
     prompt_embeds: bool = False
     lora_input: bool = False
     mm_caching_off: bool = False
+    seed_env: str = ""
+    seed_source: str = ""
 
 
 def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
@@ -220,6 +229,7 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         lora = "id"
     request_params = _params(mods["vllm.v1.request"].Request.__init__)
     sched_src = _scheduler_source(release.root)
+    seeding = seed_declaration(utils, None)
     return ReleaseInfo(
         version=release.version,
         config_ctor="kv_cache_config" in ctor,
@@ -236,6 +246,8 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         prompt_embeds="prompt_embeds" in request_params,
         lora_input="lora_request" in request_params,
         mm_caching_off=_MM_CACHING_OFF in _read(release.root / "vllm" / "engine" / "arg_utils.py"),
+        seed_env=seeding["seed_env"] or "",
+        seed_source=seeding["seed_source"],
     )
 
 
@@ -277,9 +289,14 @@ def release_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
                 "every request's tokens, hashed per full block by the release's own code"),
         Channel("hash_fn", "the release's hash (builtin hash, caching_hash_algo or get_hash_fn_by_name)",
                 True, None, f"the spec's sha256 -> the release's `{info.hash_note}`"),
-        Channel("none_hash_seed", "PYTHONHASHSEED", False, None,
-                "pinned to 0 in every history worker: the release's own seeding is not judged here"),
     ]
+    if info.seed_env:
+        channels.append(Channel("none_hash_seed", info.seed_env, True, None,
+                                f"judged by `key-seeding` in fresh processes: {info.seed_source}",
+                                marker=CHANNEL_SEED))
+    else:
+        channels.append(Channel("none_hash_seed", "PYTHONHASHSEED", False, None,
+                                info.seed_source or "the release reads no seed"))
     if info.lora:
         channels.append(Channel("lora_request", lora_input, True, "lora", f"{lora_how[info.lora]} ({utils})"))
     elif info.lora_input:
@@ -351,6 +368,9 @@ def release_capabilities(info: ReleaseInfo) -> Capabilities:
         free_order=info.free_order,
         groups=frozenset(),
         events=False,
+        engine_keys=True,
+        seed_env=info.seed_env or None,
+        seed_source=info.seed_source,
     )
 
 
@@ -411,12 +431,15 @@ class ReleaseAdapter(VllmRequests):
         if not self.shift:
             self.manager = self._build(manager_cls, config.num_blocks, algo)
         self._hasher: Any = None
+        hash_fn: Any = None
         if info.hasher:
             hash_fn = _hash_fn_getter(release)(algo)
             init = getattr(self._utils, "init_none_hash", None)
             if init is not None:
                 init(hash_fn) if _params(init) else init()
             self._hasher = self._utils.get_request_block_hasher(B, hash_fn)
+        seeding = seed_declaration(self._utils, hash_fn)
+        self.capabilities = replace(self.capabilities, engine_keys=True, **seeding)
         self.requests: dict[str, Any] = {}
         alloc = _params(self.manager.allocate_slots)
         self._alloc_params = alloc
@@ -675,6 +698,11 @@ class ReleaseAdapter(VllmRequests):
     def ref_cnt(self, block_id: int) -> int:
         return int(self._all_blocks()[block_id + self.shift].ref_cnt)
 
+    def engine_key(self, block_id: int) -> str:
+        """The release's own hash of a cached block (``block_hash``), as
+        :func:`~pagedprefix.conformance.engines.vllm.opaque_key`."""
+        return opaque_key(self._all_blocks()[block_id + self.shift].block_hash)
+
     def free_blocks(self) -> tuple[int, ...]:
         queue = self._queue()
         get_all = getattr(queue, "get_all_free_blocks", None)
@@ -723,3 +751,18 @@ def release_factory(root: Path) -> Callable[[spec.CacheConfig], ReleaseAdapter]:
     factory.capabilities = release_capabilities(info)  # type: ignore[attr-defined]
     factory.channels = release_channels(info)  # type: ignore[attr-defined]
     return factory
+
+
+RELEASE_ROOT_ENV = "PAGEDPREFIX_VLLM_RELEASE"
+"""The variable that names the release :func:`from_env` loads (its extracted wheel's directory)."""
+
+
+def from_env(config: spec.CacheConfig) -> ReleaseAdapter:
+    """:func:`release_factory` of the release named by ``$PAGEDPREFIX_VLLM_RELEASE``: the factory
+    a fresh engine worker loads by name (``pagedprefix.conformance.engines.vllm_release:from_env``),
+    so that the history can start a release afresh (``key-seeding``). Raises
+    ``EngineUnavailable`` when the variable is unset."""
+    root = os.environ.get(RELEASE_ROOT_ENV)
+    if not root:
+        raise EngineUnavailable(f"${RELEASE_ROOT_ENV} names no extracted vLLM release")
+    return release_factory(Path(root))(config)

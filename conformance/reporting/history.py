@@ -42,12 +42,16 @@ HISTORY_EXAMPLES = 60
 suite run, keeps 56 releases to about an hour on two cores and the CI subset to minutes). The
 shipped vectors all run."""
 RELEASE_TIMEOUT_S = 1800.0
+RESPAWN_START_TIMEOUT_S = 120.0
+"""How long a fresh release worker of ``key-seeding`` may take to load its release (seconds)."""
+RESPAWN_CALL_TIMEOUT_S = 30.0
+"""How long one call into that worker may take (seconds)."""
 """The default time budget of one release's run (``--release-budget``; the default suite takes a
 few minutes on a shared core): its suite stops itself then and reports what it judged
 (``INCOMPLETE``); a worker still running :data:`~pagedprefix.conformance.running.supervise.BUDGET_SLACK`
 seconds later is killed, and the release is ``INCOMPLETE`` too."""
 
-CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.7.0", "0.8.5", "0.10.1", "0.17.0", "0.33.0")
+CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.7.0", "0.7.2", "0.8.5", "0.10.1", "0.17.0", "0.33.0")
 """The fixed subset ``nox -s history`` checks: one per era of the API (the constructor before and
 after ``kv_cache_config``, the manager's own hashing, ``Request.block_hasher``, today's API) and of
 the multimodal channel (``multi_modal_hashes`` with the published bugs of 0.7.0, ``mm_features``)."""
@@ -89,19 +93,24 @@ def run_release(
 
 def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> dict[str, Any]:
     from ..engines.vllm_release import load, release_factory
+    from ..generation.seeding import register_respawn
     from ..protocol.channels import channels_of
     from ..running.suite import SuiteOptions, run_suite
     from .matrix import strongest_profile
 
     factory = release_factory(root)
     release, info = load(root)
+    register_respawn(factory, release_respawn(root))
     caps = release_capabilities_json(info)
     profile = strongest_profile(factory.capabilities)  # type: ignore[attr-defined]
     options = SuiteOptions(profile=profile, seed=seed, max_examples=examples, time_budget=budget)
     report = run_suite(factory, options, "vllm", extra_groups=[])
     failing = [r.to_json() for r in report.rows if r.status == "fail"]
     channels = [
-        {"name": c.name, "driven": c.driven, "reached": report.reached.get(c.reach, 0), "reason": c.reason}
+        {
+            "name": c.name, "driven": c.driven, "reached": report.reached.get(c.reach, 0),
+            "counts": c.counts, "reason": c.reason,
+        }
         for c in channels_of(factory)
     ]
     return {
@@ -115,6 +124,18 @@ def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> 
         "not_judged": not_judged(report.rows),
         "channels": channels,
     }
+
+
+def release_respawn(root: Path) -> Any:
+    """How ``key-seeding`` starts the release at ``root`` afresh: an engine worker that loads it by
+    name (``vllm_release:from_env``, the root in ``$PAGEDPREFIX_VLLM_RELEASE``), in this process's
+    environment changed as the check says (it never inherits a pin of the variable it judges)."""
+    from ..engines.vllm_release import RELEASE_ROOT_ENV
+    from ..running.suite import WORKER, WORKER_ENV, worker_respawn
+
+    argv = [sys.executable, *WORKER, "--engine", "pagedprefix.conformance.engines.vllm_release:from_env"]
+    env = dict(os.environ, **{RELEASE_ROOT_ENV: str(root), WORKER_ENV: "1"})
+    return worker_respawn(argv, env, RESPAWN_CALL_TIMEOUT_S, RESPAWN_START_TIMEOUT_S)
 
 
 def not_judged(rows: Sequence[Any]) -> list[dict[str, str]]:
@@ -199,7 +220,7 @@ def drive(
         str(out),
         repr(max(budget - (time.perf_counter() - start), 0.0)),
     ]
-    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1")
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", VLLM_NO_USAGE_STATS="1")
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=budget + BUDGET_SLACK, env=env, check=False
@@ -411,8 +432,9 @@ def render_section(r: ReleaseResult) -> list[str]:
     if r.channels:
         lines += ["", "Channels:"]
         for c in r.channels:
+            counts = c.get("counts", "requests")
             state = (
-                f"driven, reached by {c['reached']} requests" if c["driven"] and c["reached"]
+                f"driven, reached by {c['reached']} {counts}" if c["driven"] and c["reached"]
                 else "driven, NEVER REACHED" if c["driven"] else "not driven"
             )
             lines.append(f"- `{c['name']}`: {state}: {_one_line(c['reason'])}")

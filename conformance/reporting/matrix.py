@@ -321,7 +321,8 @@ def _channel_section(declared: Sequence[Channel], cells: Sequence[Cell]) -> list
             hit = "not run"
         else:
             hit = "yes" if reached.get(ch.reach, 0) > 0 else "**no**"
-        carries = f"`{ch.spec_extra_kind}`" if ch.spec_extra_kind else ("every request" if ch.driven else "-")
+        every = "every request" if ch.marker is None else f"{ch.counts} ({ch.marker})"
+        carries = f"`{ch.spec_extra_kind}`" if ch.spec_extra_kind else (every if ch.driven else "-")
         lines.append(
             f"| `{ch.name}` | `{ch.engine_input}` | {'yes' if ch.driven else 'no'} | {carries} | {hit} | "
             f"{ch.reason} |"
