@@ -26,7 +26,7 @@ boundary (the JSON-lines protocol, ZMQ): keys and payloads as hex strings.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +107,64 @@ def replay_events(events: Iterable[Event]) -> Counter[GroupKey]:
     for event in events:
         apply(index, event)
     return index
+
+
+REMOVAL_MODELS: tuple[str, ...] = ("per_copy", "last_copy")
+"""How a stream removes keys (SEMANTICS.md section 9): ``per_copy``, one ``BlockRemoved`` per block
+whose key leaves (subscribers count copies: :func:`apply`); ``last_copy``, one ``BlockRemoved(H)``
+only when no block holding ``H`` remains (subscribers keep a set: :func:`apply_last_copy`)."""
+
+
+def apply_last_copy(index: Counter[GroupKey], event: Event) -> None:
+    """Apply one event of a ``last_copy`` stream to a set-keeping subscriber's index (key -> 1
+    while held). Raises ``ValueError`` for a removal of a key the index does not hold."""
+    if isinstance(event, AllBlocksCleared):
+        index.clear()
+    elif isinstance(event, BlockStored):
+        for key in event.block_hashes:
+            index[(event.group, key)] = 1
+    else:
+        for key in event.block_hashes:
+            gk = (event.group, key)
+            if index[gk] <= 0:
+                del index[gk]
+                raise ValueError(f"removal of key {key.hex()} (group {event.group}) that is not held")
+            del index[gk]
+
+
+def applier(removal: str) -> Callable[[Counter[GroupKey], Event], None]:
+    """:func:`apply` for ``per_copy``, :func:`apply_last_copy` for ``last_copy``; ``ValueError``
+    for another model."""
+    if removal not in REMOVAL_MODELS:
+        raise ValueError(f"removal model must be one of {REMOVAL_MODELS}, got {removal!r:.40}")
+    return apply if removal == "per_copy" else apply_last_copy
+
+
+def last_copy_events(index: Counter[GroupKey], event: Event) -> Event | None:
+    """The ``last_copy`` form of one event of a ``per_copy`` stream (SEMANTICS.md section 9), given
+    the counting index before it (which this call advances, as :func:`apply` does): a
+    ``BlockRemoved`` keeps only the keys whose last copy it removes (``None`` when none is left);
+    stores and ``AllBlocksCleared`` are unchanged. Raises ``ValueError`` as :func:`apply`."""
+    if not isinstance(event, BlockRemoved):
+        apply(index, event)
+        return event
+    last = []
+    for key in event.block_hashes:
+        apply(index, BlockRemoved((key,), event.group))
+        if index[(event.group, key)] == 0:
+            last.append(key)
+    return BlockRemoved(tuple(last), event.group) if last else None
+
+
+def last_copy_batch(index: Counter[GroupKey], batch: EventBatch) -> EventBatch:
+    """:func:`last_copy_events` over one batch (same number; a batch left empty is kept, so that
+    the numbering has no gap)."""
+    events = []
+    for event in batch.events:
+        out = last_copy_events(index, event)
+        if out is not None:
+            events.append(out)
+    return EventBatch(batch.seq, tuple(events))
 
 
 # ----- JSON forms ---------------------------------------------------------------------------------

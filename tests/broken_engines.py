@@ -26,16 +26,23 @@ declare ``events`` (each is the spec recording its events, with one fault in the
   a new instance does not start at 0 and a subscriber cannot see the restart (event-sequence);
 - ``bare_extras``: events carry extra keys as bare strings, as vLLM's do (a LoRA by its name, a
   salt by its text): LoRA ``("x", 1)`` and ``("x", 2)``, or salt ``"x"`` and LoRA ``"x"``, look alike
-  (event-extras).
+  (event-extras);
+- ``per_copy_declared_last_copy``: the spec's per-copy stream declared ``last_copy``: a key is
+  removed while another copy still holds it (event-index);
+- ``last_copy_declared_per_copy``: a last-copy stream (:func:`pagedprefix.spec.events.last_copy_batch`)
+  declared ``per_copy``: a counting subscriber keeps a key whose last copy left (event-index).
+
+``last_copy_stream`` is that last-copy stream declared as such: a clean engine, it passes.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pagedprefix.conformance.protocol import AdapterFactory, PrefixCacheAdapter
+from pagedprefix.conformance.protocol import AdapterFactory, Capabilities, PrefixCacheAdapter
 from pagedprefix.conformance.protocol.adapters import SpecShapedAdapter, spec_capabilities
 from pagedprefix.spec import (
     NO_EXTRAS,
@@ -51,7 +58,14 @@ from pagedprefix.spec import (
     check_tokens,
 )
 from pagedprefix.spec.cache import Request
-from pagedprefix.spec.events import AllBlocksCleared, BlockStored, Event, EventBatch
+from pagedprefix.spec.events import (
+    AllBlocksCleared,
+    BlockStored,
+    Event,
+    EventBatch,
+    GroupKey,
+    last_copy_batch,
+)
 from pagedprefix.spec.extras import ExtraField
 
 
@@ -264,6 +278,26 @@ class SharedNumberingAdapter(SpecShapedAdapter):
         return [EventBatch(next(self.numbers), b.events) for b in super().take_events()]
 
 
+class LastCopyAdapter(SpecShapedAdapter):
+    """Publishes the ``last_copy`` form of the spec's stream (SEMANTICS.md section 9)."""
+
+    def __init__(self, cache: SpecCache, capabilities: Capabilities) -> None:
+        super().__init__(cache, capabilities)
+        self.copies: Counter[GroupKey] = Counter()
+
+    def take_events(self) -> list[EventBatch]:
+        return [last_copy_batch(self.copies, b) for b in super().take_events()]
+
+
+def _declaring(removal: str, adapter: type[SpecShapedAdapter] = SpecShapedAdapter) -> AdapterFactory:
+    def factory(config: CacheConfig) -> PrefixCacheAdapter:
+        caps = replace(spec_capabilities(config, groups=False, events=True), event_removal=removal)
+        return adapter(SpecCache.create(config, events=True), caps)
+
+    factory.__name__ = f"{adapter.__name__}_{removal}"
+    return factory
+
+
 def _events_factory(
     cls: type[SpecCache], adapter: type[SpecShapedAdapter] = SpecShapedAdapter
 ) -> AdapterFactory:
@@ -295,6 +329,9 @@ root_parent = _events_factory(RootParent)
 drops_duplicates = _events_factory(DropsDuplicates)
 shared_numbering = _events_factory(SpecCache, SharedNumberingAdapter)
 bare_extras = _events_factory(BareExtras)
+per_copy_declared_last_copy = _declaring("last_copy")
+last_copy_declared_per_copy = _declaring("per_copy", LastCopyAdapter)
+last_copy_stream = _declaring("last_copy", LastCopyAdapter)
 
 # engine -> (profile it is run at, the property that must fail first). Ignoring the salt shows
 # either as a hit on another tenant's block (hit-content) or, under dedup_on_full, as the other
@@ -312,4 +349,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "drops_duplicates": ("core", "event-index"),
     "shared_numbering": ("core", "event-sequence"),
     "bare_extras": ("core", "event-extras"),
+    "per_copy_declared_last_copy": ("core", "event-index"),
+    "last_copy_declared_per_copy": ("core", "event-index"),
 }

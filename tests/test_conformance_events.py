@@ -321,3 +321,30 @@ def test_a_version_2_server_is_driven_without_events() -> None:
             claims(CacheConfig(block_size=2, num_blocks=4))
     finally:
         claims.close()  # type: ignore[attr-defined]
+
+
+# ----- a last_copy stream (Capabilities.event_removal, SEMANTICS.md section 9) --------------------
+
+
+def test_a_last_copy_stream_is_rebuilt_as_a_set() -> None:
+    c = EventChecker(2, raise_it, removal="last_copy")
+    c.give([1, 1])
+    feed(c, [EventBatch(0, (stored((K0,), None, (1, 1)), stored((K0,), None, (1, 1))))], {(0, K0): 2})
+    feed(c, [EventBatch(1, ())], {(0, K0): 1})  # one copy evicted: nothing to say
+    feed(c, [EventBatch(2, (BlockRemoved((K0,)),))], {})  # the last one
+    # removed and stored again by one operation: the removal was of the last copy at the time
+    feed(c, [EventBatch(3, (stored((K0,), None, (1, 1)),))], {(0, K0): 1})
+    feed(c, [EventBatch(4, (BlockRemoved((K0,)), stored((K0,), None, (1, 1))))], {(0, K0): 1})
+
+
+def test_a_last_copy_stream_may_not_remove_a_key_with_a_copy_left() -> None:
+    c = EventChecker(2, raise_it, removal="last_copy")
+    c.give([1, 1])
+    feed(c, [EventBatch(0, (stored((K0,), None, (1, 1)), stored((K0,), None, (1, 1))))], {(0, K0): 2})
+    v = violation(lambda: feed(c, [EventBatch(1, (BlockRemoved((K0,)),))], {(0, K0): 1}))
+    assert v.prop == "event-index" and "still holds 1 block of it" in v.message
+    # and the set it rebuilds must be the keys cached_keys() holds
+    c = EventChecker(2, raise_it, removal="last_copy")
+    c.give([1, 1])
+    v = violation(lambda: feed(c, [EventBatch(0, (stored((K0,), None, (1, 1)),))], {}))
+    assert v.prop == "event-index" and "0 blocks in cached_keys(), held by the events" in v.message

@@ -86,13 +86,14 @@ def test_only_later_capabilities_left_at_default_are_named() -> None:
     assert line is not None
     named = set(re.findall(r"(\w+) \(v\d\)", line))
     later = {"events", "groups", "retention", "group_free_order", "same_step_state", "mm_placeholders",
-             "engine_keys", "seed_env", "seed_pinned", "seed_unpinned", "seed_source"}
+             "event_removal", "engine_keys", "seed_env", "seed_pinned", "seed_unpinned", "seed_source"}
     assert named == later
     # every later capability declared away from its default: the line names none, still warns
     declared = Capabilities(events=True, groups=frozenset({"full"}), retention="dense",
                             group_free_order="reversed_concat", same_step_state="miss", mm_placeholders=True,
-                            engine_keys=True, seed_env="SEED", seed_pinned="equal", seed_unpinned="differ",
-                            seed_source="its docs", protocol_version=3)
+                            event_removal="last_copy", engine_keys=True, seed_env="SEED",
+                            seed_pinned="equal", seed_unpinned="differ", seed_source="its docs",
+                            protocol_version=3)
     line = protocol_warning(declared)
     assert line is not None and "left at their defaults" not in line
     assert "protocol_version 3" in line
@@ -218,6 +219,7 @@ def test_seed_declarations_are_checked() -> None:
         ({"seed_pinned": "maybe"}, "seed_pinned must be one of"),
         ({"seed_unpinned": True}, "seed_unpinned must be one of"),
         ({"seed_source": 3}, "seed_source must be a string"),
+        ({"event_removal": "some_copies"}, "event_removal must be one of"),
     ):
         with pytest.raises(ValueError, match=message):
             Capabilities.from_json(bad)

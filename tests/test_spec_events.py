@@ -217,3 +217,31 @@ def test_hybrid_groups_emit_per_group_events_and_a_subscriber_holds_the_index() 
     cache.take_events()
     assert cache.reset_prefix_cache() is True
     assert cache.take_events() == [AllBlocksCleared()] and cache.cached_keys() == Counter()
+
+
+def test_last_copy_form_of_a_per_copy_stream() -> None:
+    """SEMANTICS.md section 9: the last_copy stream keeps a removal only when it removes a key's
+    last copy, and a set-keeping subscriber of it holds exactly the keys with copies left."""
+    from pagedprefix.spec.events import applier, apply_last_copy, last_copy_batch
+
+    per_copy = [
+        EventBatch(0, (stored(K1), stored(K1, K2))),  # K1 twice: two copies
+        EventBatch(1, (BlockRemoved((K1,)),)),  # one copy left: not published
+        EventBatch(2, (BlockRemoved((K1, K2)),)),  # K1's last copy and K2's only one
+        EventBatch(3, (stored(K2), AllBlocksCleared())),
+    ]
+    copies: Counter[tuple[int, bytes]] = Counter()
+    got = [last_copy_batch(copies, b) for b in per_copy]
+    assert [b.seq for b in got] == [0, 1, 2, 3]
+    assert got[1].events == () and got[2].events == (BlockRemoved((K1, K2)),)
+    assert got[3] == per_copy[3] and copies == Counter()
+    held: Counter[tuple[int, bytes]] = Counter()
+    for batch, held_after in zip(got[:3], [{K1, K2}, {K1, K2}, set()], strict=True):
+        for e in batch.events:
+            apply_last_copy(held, e)
+        assert {k for _, k in held} == held_after and set(held.values()) <= {1}
+    with pytest.raises(ValueError, match="not held"):
+        apply_last_copy(held, BlockRemoved((K1,)))
+    assert applier("per_copy") is apply and applier("last_copy") is apply_last_copy
+    with pytest.raises(ValueError, match="removal model must be one of"):
+        applier("most_copies")

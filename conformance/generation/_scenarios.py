@@ -168,6 +168,15 @@ def policy_rows(B: int) -> list[Row]:
             n=6,
         ),
         Row(
+            "evict-one-of-two-copies",
+            "One of two copies of a key is evicted while the other is held: the key stays cached; a "
+            "per-copy event stream removes it once and its index still holds it (section 9).",
+            [("allocate", "a", run(B, 10)), ("allocate", "b", run(B, 10)), ("free", "b"),
+             ("allocate", "x", run(2 * B, 50)), ("lookup", run(B, 10) + [1]), ("free", "a"),
+             ("allocate", "y", run(B, 70)), ("lookup", run(B, 10) + [1])],
+            n=3,
+        ),
+        Row(
             "freed-requests-evicted-in-order",
             "Requests freed earlier are evicted earlier (their blocks sit nearer the head).",
             [("allocate", "a", run(B, 10) + [1]), ("allocate", "b", run(B, 30) + [1]), ("free", "a"),

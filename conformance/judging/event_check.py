@@ -23,7 +23,12 @@ holding the key). :class:`EventChecker` is the suite's reference subscriber: it 
 - ``event-index``: a removal names a key the index holds, stored runs are well formed (``block_size``
   tokens per key, one extras entry per key), and the index rebuilt from the stream equals
   ``cached_keys()`` after every operation (per ``(group, key)``: a block stored or removed under
-  the wrong group, or of a group the config does not have, fails here);
+  the wrong group, or of a group the config does not have, fails here). That is the ``per_copy``
+  removal model (``Capabilities.event_removal``, the default). A stream declared ``last_copy`` is
+  rebuilt as a set (a key is held from a store until its removal) and must hold exactly the keys
+  ``cached_keys()`` counts at least once; a ``BlockRemoved(H)`` not followed by a store of ``H``
+  in the same operation requires that no block holds ``H`` after it (``cached_keys()[H] == 0``):
+  removing a key while a copy is left is what a set-keeping subscriber cannot survive;
 - ``event-extras``: events distinguish what keys distinguish — two different keys never arrive
   with the same ``(group, parent, tokens, extras)``: a subscriber could not tell them apart and
   would credit one tenant or adapter with the other's prefix. This is a finding about the engine's
@@ -181,10 +186,17 @@ class EventChecker:
     """
 
     def __init__(
-        self, block_size: int, fail: Fail, groups: Sequence[tuple[str, int]] | None = None
+        self,
+        block_size: int,
+        fail: Fail,
+        groups: Sequence[tuple[str, int]] | None = None,
+        removal: str = "per_copy",
     ) -> None:
         self.B = block_size
         self.fail = fail
+        self.last_copy = removal == "last_copy"
+        self.removed_now: set[GroupKey] = set()
+        """``last_copy``: keys removed by the operation being checked and not stored again after."""
         self.hybrid = bool(groups)
         self.groups: tuple[tuple[str, int], ...] = tuple(groups) if groups else (("full", block_size),)
         self.h = math.gcd(*(size for _, size in self.groups))
@@ -241,6 +253,7 @@ class EventChecker:
                 f"{what} returned True but published no AllBlocksCleared ({_kinds(events) or 'nothing'}): "
                 "subscribers keep crediting the engine with every block it dropped",
             )
+        self.removed_now.clear()
         for e in events:
             if isinstance(e, BlockStored):
                 self._stored(e, what, keyed)
@@ -337,7 +350,8 @@ class EventChecker:
                     f"{_fields(e.extras[j])} as the earlier key {_short(first[1])}: the keys differ, the "
                     "events do not, so a subscriber cannot tell the two contents apart",
                 )
-            self.index[gk] += 1
+            self.index[gk] = 1 if self.last_copy else self.index[gk] + 1
+            self.removed_now.discard(gk)
             bases = spelled
 
     def _place(
@@ -397,14 +411,19 @@ class EventChecker:
                     f"{what} published BlockRemoved of key {_short(key)} (group {e.group}), which no stored "
                     "copy is left of",
                 )
-            self.index[gk] -= 1
+            self.index[gk] = 0 if self.last_copy else self.index[gk] - 1
             if not self.index[gk]:
                 del self.index[gk]
+            if self.last_copy:
+                self.removed_now.add(gk)
 
     def _compare(self, what: str, cached_keys: Json) -> None:
         engine: Counter[GroupKey] = Counter()
         for g, key, count in cached_keys or []:
             engine[(int(g), bytes.fromhex(key))] = int(count)
+        if self.last_copy:
+            self._compare_sets(what, engine)
+            return
         rebuilt = +self.index
         if rebuilt == engine:
             return
@@ -418,6 +437,32 @@ class EventChecker:
             "event-index",
             f"after {what} the index rebuilt from the events ({sum(rebuilt.values())} blocks) differs from "
             f"cached_keys() ({sum(engine.values())} blocks): " + "; ".join(diffs),
+        )
+
+
+    def _compare_sets(self, what: str, engine: Counter[GroupKey]) -> None:
+        """The ``last_copy`` comparison (module docstring)."""
+        for gk in sorted(self.removed_now):
+            if engine[gk] > 0:
+                self.fail(
+                    "event-index",
+                    f"{what} published BlockRemoved of key {_short(gk[1])} (group {gk[0]}) while "
+                    f"cached_keys() still holds {engine[gk]} block{'s' if engine[gk] > 1 else ''} of it: a "
+                    "last_copy stream removes a key only with its last copy (a subscriber keeping a set "
+                    "forgets a key the engine still serves)",
+                )
+        held, cached = set(+self.index), set(+engine)
+        if held == cached:
+            return
+        diffs = [
+            f"key {_short(gk[1])} (group {gk[0]}): {engine[gk]} blocks in cached_keys(), "
+            f"{'held' if gk in held else 'not held'} by the events"
+            for gk in sorted(held ^ cached)[:3]
+        ]
+        self.fail(
+            "event-index",
+            f"after {what} the keys rebuilt from the last_copy events ({len(held)}) differ from those "
+            f"cached_keys() holds ({len(cached)}): " + "; ".join(diffs),
         )
 
 

@@ -74,7 +74,7 @@ class GroupModel(RetentionAdequacy):
         self.A = hit_alignment(self.groups)
         if caps.events:  # the event stream, per group when hybrid (SEMANTICS.md section 9)
             sizes = [(g.kind, g.block_size) for g in self.groups] if self.hybrid else None
-            self.events = EventChecker(config.block_size, self.fail, sizes)
+            self.events = EventChecker(config.block_size, self.fail, sizes, caps.event_removal)
         self.publishes_at_operation = (
             not self.hybrid and caps.publish == "allocation" and caps.publish_decode == "append"
         )

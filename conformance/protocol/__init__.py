@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pagedprefix.spec import Allocation, AppendResult, CacheConfig, Extras, ForkResult, RequestId
-from pagedprefix.spec.events import EventBatch, GroupKey
+from pagedprefix.spec.events import REMOVAL_MODELS, EventBatch, GroupKey
 from pagedprefix.spec.groups import GROUP_FREE_ORDERS, GROUP_KINDS, RETENTIONS, is_hybrid
 
 ExtraKind = Literal["lora", "cache_salt", "mm", "prompt_embeds"]
@@ -76,6 +76,10 @@ PUBLISH_DECODE_CLAIMS: tuple[str, ...] = ("append", "free")
 RETENTION_CLAIMS: tuple[str, ...] = (*RETENTIONS, "other")
 GROUP_FREE_ORDER_CLAIMS: tuple[str, ...] = (*GROUP_FREE_ORDERS, "other")
 SAME_STEP_STATE_CLAIMS: tuple[str, ...] = ("defer", "miss")
+EVENT_REMOVALS: tuple[str, ...] = REMOVAL_MODELS
+"""The removal models of a KV-cache event stream (SEMANTICS.md section 9): ``BlockRemoved`` per
+evicted block (a subscriber counts copies), or only when the key's last block leaves (a subscriber
+keeps a set)."""
 SEED_PROMISES: tuple[str, ...] = ("equal", "differ", "unpromised")
 """What an engine promises of the keys two fresh processes give one block (``seed_pinned``,
 ``seed_unpinned``): the same key, different keys, or nothing."""
@@ -114,6 +118,7 @@ CAPABILITY_VERSIONS: Mapping[str, int] = {
     "group_free_order": 4,
     "same_step_state": 4,
     "mm_placeholders": 5,
+    "event_removal": 6,
     "engine_keys": 6,
     "seed_env": 6,
     "seed_pinned": 6,
@@ -188,6 +193,12 @@ class Capabilities:
             ``cached_keys() -> Mapping[(group, key), int]`` (its observable index: blocks holding
             each key). The suite takes them after every operation (profile ``core``: properties
             ``event-index``, ``event-sequence``, ``event-parents``, ``event-extras``).
+        event_removal: the removal model of its event stream (SEMANTICS.md section 9):
+            ``"per_copy"`` (one ``BlockRemoved`` per block whose key leaves, so a key held by two
+            copies is removed twice and a subscriber counts copies: vLLM) or ``"last_copy"`` (one
+            ``BlockRemoved(H)`` only when no block holding ``H`` remains: a subscriber keeps a
+            set). The stream is judged against the model it declares; ``indexer-conform`` reports
+            the model each indexer assumes, and a pair whose models differ as a mismatch.
         engine_keys: the adapter has ``engine_key(block_id) -> str``: the engine's own key of a
             cached block, in any stable text form, compared for equality only (never with the
             spec's key; unlike ``keys``, which promises the spec's byte-exact ones). The
@@ -239,6 +250,7 @@ class Capabilities:
     group_free_order: str = "group_major"
     same_step_state: Literal["defer", "miss"] = "defer"
     events: bool = False
+    event_removal: str = "per_copy"
     engine_keys: bool = False
     seed_env: str | None = None
     seed_pinned: str = "unpromised"
@@ -309,6 +321,8 @@ class Capabilities:
             raise ValueError("block_sizes must be a non-empty, strictly increasing list (or null)")
         if self.max_blocks is not None and self.max_blocks < self.min_blocks:
             raise ValueError("max_blocks must be >= min_blocks")
+        if self.event_removal not in EVENT_REMOVALS:
+            raise ValueError(f"event_removal must be one of {EVENT_REMOVALS}")
         for name in ("seed_pinned", "seed_unpinned"):
             if getattr(self, name) not in SEED_PROMISES:
                 raise ValueError(f"{name} must be one of {SEED_PROMISES}")
@@ -340,6 +354,7 @@ def _capability_field(name: str, value: object) -> object:
         "retention": RETENTION_CLAIMS,
         "group_free_order": GROUP_FREE_ORDER_CLAIMS,
         "same_step_state": SAME_STEP_STATE_CLAIMS,
+        "event_removal": EVENT_REMOVALS,
         "seed_pinned": SEED_PROMISES,
         "seed_unpinned": SEED_PROMISES,
     }
