@@ -98,7 +98,9 @@ def _select(scenarios: list[Scenario], names: list[str] | None) -> list[Scenario
 
 
 def _table(verdicts: list[Verdict]) -> Table:
-    table = Table(title="indexer-conform", box=box.SIMPLE_HEAD, pad_edge=False)
+    models = sorted({v.removal for v in verdicts if v.ran})
+    title = "indexer-conform" + (f" ({', '.join(models)} streams)" if models else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("scenario", "verdict", "queries", "resyncs", "finding"):
         table.add_column(name, overflow="fold")
     for v in verdicts:
@@ -116,6 +118,7 @@ def _report(indexer: str, verdicts: list[Verdict]) -> dict[str, object]:
     return {
         "format": "pagedprefix.indexer-conform", "version": 1, "indexer": indexer,
         "passed": all_passed(verdicts),
+        "removal_model": next((v.removal for v in verdicts if v.ran), None),
         "scenarios": [{"name": v.scenario.name, "doc": v.scenario.doc, "passed": v.passed,
                        "status": v.status, "not_run": v.not_run,
                        "queries": v.queries, "candidate_resyncs": v.candidate_resyncs,

@@ -51,10 +51,10 @@ from typing import TypeVar
 from pagedprefix.conformance.protocol.watchdog import BudgetSpent, EngineHung, check_budget, time_left
 from pagedprefix.conformance.running.lifetime import Terminated, received
 from pagedprefix.conformance.running.subprocess_adapter import EngineProcessError
-from pagedprefix.spec.events import EventBatch
+from pagedprefix.spec.events import REMOVAL_MODELS, EventBatch
 
 from .indexer import IndexerConfig, KVIndexer, ReferenceIndexer
-from .streams import Publish, Query, Redeliver, Restart, Scenario, Settle, Truth
+from .streams import Publish, Query, Redeliver, Restart, Scenario, Settle, Truth, in_removal_model
 
 IndexerFactory = Callable[[IndexerConfig], KVIndexer]
 T = TypeVar("T")
@@ -100,6 +100,8 @@ class Verdict:
     not_run: str = ""
     budget: bool = False
     """Not run because the run's time budget ran out (``--time-budget``: incomplete, exit 3)."""
+    removal: str = "per_copy"
+    """The removal model the candidate assumes (``removal_model``), which the streams were played in."""
 
     @property
     def passed(self) -> bool:
@@ -253,20 +255,23 @@ def judge_scenario(factory: IndexerFactory, scenario: Scenario) -> Verdict:
     docstring); the verdict holds the first :class:`Finding`, if any. The candidate's exceptions
     (a time-out included) are findings; the reference's own would be a bug here and propagate."""
     verdict = Verdict(scenario)
-    reference = _Subscriber(ReferenceIndexer(scenario.config))
-    truths = {s: Truth() for s in scenario.config.sources}
     try:
         built = _boundary(scenario, 0, "building the indexer", partial(factory, scenario.config))
         candidate = _Subscriber(built)
+        removal = _boundary(scenario, 0, "reading removal_model", partial(removal_model_of, built))
     except _Stop as stop:
         verdict.finding = stop.finding
         return verdict
+    verdict.removal = removal
+    played = in_removal_model(scenario, removal)
+    reference = _Subscriber(ReferenceIndexer(scenario.config, removal))
+    truths = {s: Truth(removal=removal) for s in scenario.config.sources}
     try:
-        for n, step in enumerate(scenario.steps):
+        for n, step in enumerate(played.steps):
             if isinstance(step, Publish):
                 truths[step.source].publish(step.batch)
             elif isinstance(step, Restart):
-                truths[step.source] = Truth()
+                truths[step.source] = Truth(removal=removal)
             if isinstance(step, (Publish, Redeliver)) and (not isinstance(step, Publish) or step.delivered):
                 reference.deliver(step.source, step.batch)
                 _boundary(scenario, n, "events", partial(candidate.deliver, step.source, step.batch))
@@ -290,6 +295,16 @@ def judge_scenario(factory: IndexerFactory, scenario: Scenario) -> Verdict:
     verdict.candidate_resyncs = candidate.resyncs
     verdict.reference_resyncs = reference.resyncs
     return verdict
+
+
+def removal_model_of(indexer: object) -> str:
+    """The removal model an indexer assumes (SEMANTICS.md section 9): its ``removal_model``
+    attribute, ``"per_copy"`` when it has none. Raises ``ValueError`` for anything but one of
+    :data:`~pagedprefix.spec.events.REMOVAL_MODELS`."""
+    model = getattr(indexer, "removal_model", "per_copy")
+    if not isinstance(model, str) or model not in REMOVAL_MODELS:
+        raise ValueError(f"removal_model is {model!r:.80}, not one of {REMOVAL_MODELS}")
+    return model
 
 
 def _close(indexer: object) -> None:

@@ -14,7 +14,8 @@ needs no etcd or NATS). What the tree is, from its stub (``dynamo/_core.pyi``) a
   ``find_matches(local_hashes)`` walks the request's local hashes from the root and scores each
   worker (``{(worker_id, dp_rank): blocks matched}``, absent when none).
 - **Copies**: a node holds a *set* of workers, so a second store of a block is a no-op and one
-  removal drops the worker (a duplicate copy is lost).
+  removal drops the worker: the tree assumes ``last_copy`` streams (``removal_model``), and is
+  judged on them; a ``per_copy`` engine stream with it is a mismatch of the pair.
 - **Numbering**: ``event_id`` is carried, never checked: a gap, a number going back (a restart) or
   a re-delivered batch is applied like any other batch.
 - **Failures**: a store whose parent the worker does not hold, and a removal of a block it does not
@@ -87,6 +88,14 @@ class DynamoIndexer:
     """A :class:`~pagedprefix.cluster.indexer.KVIndexer` over ``dynamo.llm.RadixTree`` (module
     docstring). Raises ``NotImplementedError`` for a config other than one full-attention group,
     ``ValueError`` for a bad config, :class:`EngineUnavailable` when Dynamo does not import."""
+
+    removal_model = "last_copy"
+    """The removal model the tree assumes (SEMANTICS.md section 9): a node keeps the *set* of
+    workers holding it, so a second store of a block is a no-op and one removal drops the worker.
+    That is right for a stream that removes a key only with its last copy, which is what Dynamo
+    feeds its router: its KV event consolidator publishes one store per unique block and a removal
+    only when no source holds it (ai-dynamo/dynamo#3725). A per-copy stream (vLLM's) straight into
+    the tree is a mismatch of the pair, which the matrix reports as such."""
 
     def __init__(self, config: IndexerConfig | None = None) -> None:
         self.config = IndexerConfig() if config is None else config

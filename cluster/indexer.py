@@ -65,7 +65,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pagedprefix.spec.events import EventBatch, GroupKey, apply
+from pagedprefix.spec.events import EventBatch, GroupKey, applier
 
 from .prefix import GroupSpec, check_groups, check_query, full_groups, longest_prefix
 
@@ -130,10 +130,18 @@ class SourceState:
 class ReferenceIndexer:
     """The specification of a KV indexer (module docstring): a :class:`KVIndexer`."""
 
-    def __init__(self, config: IndexerConfig | None = None) -> None:
-        """Raises ``ValueError`` for a bad config (:meth:`IndexerConfig.check`)."""
+    removal_model = "per_copy"
+    """The removal model of the streams it takes (SEMANTICS.md section 9): every indexer says which
+    it assumes (``removal_model``: ``per_copy`` when absent) and is judged on streams of that model."""
+
+    def __init__(self, config: IndexerConfig | None = None, removal: str = "per_copy") -> None:
+        """Raises ``ValueError`` for a bad config (:meth:`IndexerConfig.check`) or an unknown removal
+        model (:data:`~pagedprefix.spec.events.REMOVAL_MODELS`): ``last_copy`` keeps a set per
+        source (:func:`~pagedprefix.spec.events.apply_last_copy`), ``per_copy`` counts copies."""
         self.config = IndexerConfig() if config is None else config
         self.config.check()
+        self._apply = applier(removal)
+        self.removal_model = removal
         self.sources: dict[str, SourceState] = {name: SourceState() for name in self.config.sources}
 
     def _source(self, source: str) -> SourceState:
@@ -154,7 +162,7 @@ class ReferenceIndexer:
             return True
         for event in batch.events:
             try:
-                apply(state.index, event)
+                self._apply(state.index, event)
             except ValueError:
                 state.in_sync = False
                 return True
@@ -183,7 +191,8 @@ class ReferenceIndexer:
         if any(type(n) is not int or n < 0 for n in cached_keys.values()):
             raise ValueError("copy counts must be ints >= 0")
         state = self._source(source)
-        state.index = Counter({k: n for k, n in cached_keys.items() if n > 0})
+        once = self.removal_model == "last_copy"  # a set: held or not
+        state.index = Counter({k: 1 if once else n for k, n in cached_keys.items() if n > 0})
         state.expected = seq + 1
         state.in_sync = True
 
@@ -212,3 +221,8 @@ class ReferenceIndexer:
 def reference_indexer(config: IndexerConfig) -> ReferenceIndexer:
     """The factory of the reference (``--indexer reference``)."""
     return ReferenceIndexer(config)
+
+
+def last_copy_reference(config: IndexerConfig) -> ReferenceIndexer:
+    """The reference for ``last_copy`` streams: a set per source (``--indexer reference-last-copy``)."""
+    return ReferenceIndexer(config, "last_copy")

@@ -13,7 +13,7 @@ compares it byte for byte. An indexer whose distribution is missing gets ``not i
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pagedprefix.conformance.protocol import EngineUnavailable
@@ -48,12 +48,22 @@ ABOUT: dict[str, str] = {
     ),
 }
 
-_SET_NOT_COUNT = (
-    "Dynamo's tree keeps, per node, the *set* of workers holding it, not a count of copies: the "
-    "second store of a block the worker holds changes nothing, and one removal drops the worker from "
-    "the node, so the copy still in the replica's cache is lost (vLLM v1 keeps duplicate copies when "
-    "two requests compute the same prefix)."
-)
+PAIR_NOTES: dict[tuple[str, str], str] = {
+    ("per_copy", "last_copy"): (
+        "The engine removes each evicted copy of a key (a key computed twice is stored twice and "
+        "removed twice); the indexer drops the replica from the key at the first removal, so a "
+        "replica that still holds the other copy loses its credit and the router sends the prefix "
+        "elsewhere. Dynamo puts its KV event consolidator between such engines and its router "
+        "(ai-dynamo/dynamo#3725: one store per unique block, a removal only when no source holds "
+        "it), which turns the stream into `last_copy`; without it, the pair disagrees."
+    ),
+    ("last_copy", "per_copy"): (
+        "The engine removes a key once, with its last copy, but stores every copy; an indexer that "
+        "counts copies never reaches zero and keeps crediting a key the replica no longer holds."
+    ),
+}
+"""Why a pair of removal models that differ goes wrong, by (engine stream, indexer)."""
+
 _NO_SEQUENCE = (
     "The tree carries `event_id` but never checks it (probe: a gap, a number going back and a "
     "re-delivered batch are all applied), so it has no notion of a source out of sync and answers "
@@ -71,7 +81,6 @@ _NO_GROUPS = (
 
 NOTES: dict[str, dict[str, str]] = {
     "dynamo": {
-        "duplicate-copies": _SET_NOT_COUNT,
         "restart": (
             f"{_NO_SEQUENCE} A restarted engine's batch 0 is applied on top of the old instance's "
             "blocks, which stay credited although the new engine's cache is empty."
@@ -130,6 +139,11 @@ class IndexerRow:
     error: str = ""
 
     @property
+    def removal(self) -> str:
+        """The removal model the indexer assumes (its scenarios were played in it)."""
+        return self.verdicts[0].removal if self.verdicts else "-"
+
+    @property
     def verdict(self) -> str:
         if not self.verdicts:
             return "not installed" if self.version == "-" else "FAIL"
@@ -157,8 +171,35 @@ def explain(indexer: str, scenario: str) -> str:
     return NOTES.get(indexer, {}).get(scenario, "*unexplained*")
 
 
-def render_section(rows: Sequence[IndexerRow]) -> str:
-    """The Markdown section (starts with a blank line; no timings)."""
+def _pairs(rows: Sequence[IndexerRow], streams: Mapping[str, str]) -> list[str]:
+    """Each judged indexer against each engine stream of the matrix: the removal models agree, or
+    the pair is a mismatch (SEMANTICS.md section 9: neither side's bug, the pair's)."""
+    judged = [r for r in rows if r.verdicts]
+    if not judged or not streams:
+        return []
+    lines = [
+        "",
+        "Removal models (SEMANTICS.md section 9): each indexer is judged on streams of the model it "
+        "assumes (`assumes`); each engine's stream is judged against the model it declares "
+        "(`Capabilities.event_removal`). A pair whose models differ is a mismatch of the pair:",
+        "",
+    ]
+    for r in judged:
+        for engine, model in sorted(streams.items()):
+            if model == r.removal:
+                lines.append(f"- `{engine}` (`{model}`) with `{r.name}` (`{r.removal}`): the models agree.")
+            else:
+                why = PAIR_NOTES.get((model, r.removal), "*unexplained*")
+                lines.append(
+                    f"- `{engine}` (`{model}`) with `{r.name}` (`{r.removal}`): **mismatch**. {why}"
+                )
+    return lines
+
+
+def render_section(rows: Sequence[IndexerRow], streams: Mapping[str, str] | None = None) -> str:
+    """The Markdown section (starts with a blank line; no timings); ``streams``: engine -> the
+    removal model of its event stream, to pair with each indexer's."""
+    streams = streams or {}
     lines = [
         "",
         "# Indexers",
@@ -167,12 +208,13 @@ def render_section(rows: Sequence[IndexerRow]) -> str:
         "indexer-conform` (the built-in adversarial scenarios, in process) against the reference "
         "indexer. Explanations: `cluster/indexer_matrix.py`.",
         "",
-        "| indexer | version | verdict | failing scenarios |",
-        "|---|---|---|---|",
+        "| indexer | version | assumes | verdict | failing scenarios |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
         failing = ", ".join(f"`{v.scenario.name}`" for v in r.verdicts if not v.passed) or "-"
-        lines.append(f"| {r.name} | {r.version} | {r.verdict} | {failing} |")
+        lines.append(f"| {r.name} | {r.version} | `{r.removal}` | {r.verdict} | {failing} |")
+    lines += _pairs(rows, streams)
     for r in rows:
         lines += ["", f"## {r.name} (indexer)", "", ABOUT.get(r.name, "an indexer."), ""]
         if not r.verdicts:
@@ -187,6 +229,7 @@ def render_section(rows: Sequence[IndexerRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def indexer_matrix_section() -> str:
-    """Judge every indexer of :data:`MATRIX_INDEXERS` and render the section."""
-    return render_section([run_indexer(i) for i in MATRIX_INDEXERS])
+def indexer_matrix_section(streams: Mapping[str, str] | None = None) -> str:
+    """Judge every indexer of :data:`MATRIX_INDEXERS` and render the section, pairing each with the
+    engine streams ``streams`` (engine -> removal model)."""
+    return render_section([run_indexer(i) for i in MATRIX_INDEXERS], streams)

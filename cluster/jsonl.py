@@ -18,8 +18,10 @@ method     params                                          result
 =========  ==============================================  ==========================================
 hello      {}                                              {"protocol": "pagedprefix-indexer-jsonl",
                                                            "version": 1}
-create     {"config": {"groups": [{"kind", "block_size",   {"handle": H}
-           "window", "chunk"}], "sources": [str]}}
+create     {"config": {"groups": [{"kind", "block_size",   {"handle": H, "removal_model"?:
+           "window", "chunk"}], "sources": [str]}}             "per_copy" | "last_copy"} (the
+                                                           stream model it assumes; default
+                                                           per_copy)
 drop       {"handle"}                                      null
 events     {"handle", "source", "batch"}                   {"resync": bool}: true asks for a resync
 resync     {"handle", "source", "seq", "cached_keys":      null
@@ -147,8 +149,10 @@ class JsonLinesIndexer:
 
     def __init__(self, process: IndexerProcess, config: IndexerConfig) -> None:
         self.process = process
-        self.handle = parse_created(process.call("create", {"config": config_to_json(config)},
-                                                 process.start_timeout))
+        reply = process.call("create", {"config": config_to_json(config)}, process.start_timeout)
+        self.handle = parse_created(reply)
+        self.removal_model: Json = reply.get("removal_model", "per_copy")
+        """What the server says its indexer assumes (``create``'s optional ``removal_model``)."""
         self._closed = False
 
     def _call(self, method: str, **params: Json) -> Json:

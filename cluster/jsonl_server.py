@@ -32,7 +32,12 @@ class IndexerServer(JsonLinesServer[IndexerFactory]):
 
     def create(self, params: dict[str, Json]) -> Json:
         assert self.factory is not None
-        return {"handle": self.new_handle(self.factory(config_from_json(params["config"])))}
+        indexer = self.factory(config_from_json(params["config"]))
+        model = getattr(indexer, "removal_model", None)
+        created: dict[str, Json] = {"handle": self.new_handle(indexer)}
+        if model is not None:
+            created["removal_model"] = model
+        return created
 
     def close(self, obj: Any) -> None:
         close = getattr(obj, "close", None)

@@ -51,6 +51,11 @@ class LimitedIndexer:
     inner: KVIndexer
     seconds: float
 
+    @property
+    def removal_model(self) -> object:
+        """What the indexer inside assumes (``per_copy`` when it says nothing)."""
+        return getattr(self.inner, "removal_model", "per_copy")
+
     def events(self, source: str, batch: EventBatch) -> bool:
         with call_limit("events", self.seconds):
             return self.inner.events(source, batch)

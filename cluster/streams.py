@@ -25,7 +25,7 @@ import hashlib
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pagedprefix.spec.events import (
     AllBlocksCleared,
@@ -34,7 +34,8 @@ from pagedprefix.spec.events import (
     Event,
     EventBatch,
     GroupKey,
-    apply,
+    applier,
+    last_copy_batch,
 )
 
 from .indexer import IndexerConfig
@@ -92,19 +93,48 @@ class Truth:
 
     index: Counter[GroupKey] = field(default_factory=Counter)
     seq: int = -1
+    removal: str = "per_copy"
+    """The model of the batches it is given: ``last_copy`` batches are applied as a set (each held
+    key counts 1, which is all a query or a ``last_copy`` resync needs)."""
 
     def publish(self, batch: EventBatch) -> None:
         """Apply a batch the replica publishes. Raises ``ValueError`` for a batch out of sequence
         or a removal of a key it does not hold (the scenario is malformed)."""
         if batch.seq != self.seq + 1:
             raise ValueError(f"batch {batch.seq} published after {self.seq}")
+        apply_event = applier(self.removal)
         for event in batch.events:
-            apply(self.index, event)
+            apply_event(self.index, event)
         self.seq = batch.seq
 
     def answer(self, groups: Sequence[GroupSpec], query: Query) -> int:
         """The longest prefix the replica really holds for ``query``."""
         return longest_prefix(groups, query.keys, query.num_tokens, lambda g, k: self.index[(g, k)] > 0)
+
+
+def in_removal_model(scenario: Scenario, removal: str) -> Scenario:
+    """``scenario`` as an engine with the ``removal`` model publishes it: unchanged for
+    ``per_copy`` (how scenarios are written); for ``last_copy``, each source's batches in
+    :func:`~pagedprefix.spec.events.last_copy_batch` form, counted over everything the replica
+    published (lost batches included; a restart starts the count afresh), a re-delivered batch as
+    the converted batch it repeats."""
+    if removal == "per_copy":
+        return scenario
+    applier(removal)  # ValueError for an unknown model
+    copies: dict[str, Counter[GroupKey]] = {}
+    converted: dict[int, EventBatch] = {}  # id of a published batch -> its last_copy form
+    steps: list[Step] = []
+    for step in scenario.steps:
+        if isinstance(step, Restart):
+            copies[step.source] = Counter()
+        elif isinstance(step, Publish):
+            out = last_copy_batch(copies.setdefault(step.source, Counter()), step.batch)
+            converted[id(step.batch)] = out
+            step = replace(step, batch=out)
+        elif isinstance(step, Redeliver):
+            step = replace(step, batch=converted[id(step.batch)])
+        steps.append(step)
+    return replace(scenario, steps=tuple(steps))
 
 
 def truths_after(scenario: Scenario) -> dict[str, Truth]:

@@ -24,7 +24,7 @@ import difflib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -411,6 +411,7 @@ def _matrix_run(
         default_jobs,
         render_markdown,
         run_matrix,
+        stream_models,
         to_json,
     )
 
@@ -433,7 +434,8 @@ def _matrix_run(
         print(f"matrix: INCOMPLETE: {len(cut)} of {len(cells)} cells not judged within the time budget; "
               f"{out} left as it was", file=sys.stderr)
         raise typer.Exit(3)
-    text = render_markdown(cells, seed, channels) + "".join(section() for section in _MATRIX_SECTIONS)
+    streams = stream_models(cells)
+    text = render_markdown(cells, seed, channels) + "".join(section(streams) for section in _MATRIX_SECTIONS)
     if json_path is not None:
         json_path.write_text(json.dumps(to_json(cells), indent=1) + "\n", encoding="utf-8")
     gaps = channel_gaps(cells, channels)
@@ -476,14 +478,16 @@ def _trace_groups() -> list[tuple[str, CheckGroup]]:
 
 
 # Sections appended to docs/MATRIX.md by layers above (the indexers: ``pagedprefix.cluster``).
-_MATRIX_SECTIONS: list[Callable[[], str]] = []
+_MATRIX_SECTIONS: list[Callable[[Mapping[str, str]], str]] = []
 
 
 def register(app: typer.Typer, trace_group: Callable[[], tuple[str, CheckGroup]] | None = None,
-             matrix_section: Callable[[], str] | None = None) -> None:
+             matrix_section: Callable[[Mapping[str, str]], str] | None = None) -> None:
     """Add the ``conform`` command to the project's typer app. ``trace_group`` returns the
     real-trace check group (name, rows function) that ``--no-trace`` turns off;
-    ``matrix_section`` returns Markdown that ``matrix`` appends to the matrix (deterministic)."""
+    ``matrix_section`` returns Markdown that ``matrix`` appends to the matrix (deterministic), given
+    the removal model of each engine whose event stream the matrix judged
+    (:func:`~pagedprefix.conformance.reporting.matrix.stream_models`)."""
     if trace_group is not None and trace_group not in _TRACE_GROUP_PROVIDERS:
         _TRACE_GROUP_PROVIDERS.append(trace_group)
     if matrix_section is not None and matrix_section not in _MATRIX_SECTIONS:

@@ -12,7 +12,7 @@ before any work starts.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -102,11 +102,12 @@ def _trace_slice_group() -> tuple[str, CheckGroup]:
     return NAME, trace_slice_rows
 
 
-def _indexer_matrix_section() -> str:
-    """The indexers' section of docs/MATRIX.md (imported only when ``matrix`` runs)."""
+def _indexer_matrix_section(streams: Mapping[str, str]) -> str:
+    """The indexers' section of docs/MATRIX.md (imported only when ``matrix`` runs), with the
+    removal model of each engine stream the matrix judged, to pair with each indexer's."""
     from pagedprefix.cluster.indexer_matrix import indexer_matrix_section
 
-    return indexer_matrix_section()
+    return indexer_matrix_section(streams)
 
 
 _registered: list[bool] = []

@@ -113,6 +113,15 @@ class AnswersWhileStale(ReferenceIndexer):
                 for name, state in self.sources.items()}
 
 
+class CountsButDeclaresLastCopy(ReferenceIndexer):
+    """Counts copies (the ``per_copy`` rule) but says it assumes ``last_copy`` streams: a key whose
+    last copy left is removed once, and the count never reaches zero."""
+
+    def __init__(self, config: IndexerConfig | None = None) -> None:
+        super().__init__(config, "per_copy")
+        self.removal_model = "last_copy"
+
+
 BROKEN = {
     "clear_only_logged": ClearOnlyLogged,
     "drops_unknown_parent": DropsUnknownParent,
@@ -122,6 +131,7 @@ BROKEN = {
     "no_copy_count": NoCopyCount,
     "full_group_only": FullGroupOnly,
     "answers_while_stale": AnswersWhileStale,
+    "counts_but_declares_last_copy": CountsButDeclaresLastCopy,
 }
 
 
@@ -138,6 +148,7 @@ ignores_gaps = _factory(IgnoresGaps)
 ignores_restarts = _factory(IgnoresRestarts)
 applies_duplicates = _factory(AppliesDuplicates)
 no_copy_count = _factory(NoCopyCount)
+counts_but_declares_last_copy = _factory(CountsButDeclaresLastCopy)
 full_group_only = _factory(FullGroupOnly)
 answers_while_stale = _factory(AnswersWhileStale)
 

@@ -31,6 +31,7 @@ CAUGHT_BY = {
     "no_copy_count": "duplicate-copies",
     "full_group_only": "sliding-window-sparse",
     "answers_while_stale": "lost-batch",
+    "counts_but_declares_last_copy": "duplicate-copies",
 }
 
 
@@ -313,3 +314,49 @@ def test_the_spec_hybrid_stream_catches_a_broken_indexer(name: str) -> None:
     from pagedprefix.cluster.scenarios import spec_hybrid_stream
 
     assert not judge_scenario(getattr(broken_indexers, name), spec_hybrid_stream()).passed
+
+
+def test_each_indexer_is_judged_on_streams_of_the_model_it_assumes() -> None:
+    """SEMANTICS.md section 9: a set-keeping reference passes every scenario played as a
+    ``last_copy`` engine publishes it; the counting reference passes them as written (``per_copy``)."""
+    from pagedprefix.cluster.indexer import last_copy_reference
+
+    last = judge(last_copy_reference, SCENARIOS)
+    assert all_passed(last) and {v.removal for v in last} == {"last_copy"}
+    assert {v.removal for v in judge(reference_indexer, SCENARIOS[:2])} == {"per_copy"}
+
+
+def test_a_per_copy_stream_in_last_copy_form() -> None:
+    from pagedprefix.cluster.streams import Publish, in_removal_model
+    from pagedprefix.spec.events import BlockRemoved
+
+    [hand] = [s for s in SCENARIOS if s.name == "duplicate-copies"]
+    removals = [
+        [e.block_hashes for e in step.batch.events if isinstance(e, BlockRemoved)]
+        for step in in_removal_model(hand, "last_copy").steps if isinstance(step, Publish)
+    ]
+    # stores of blocks 0..2, then 0..1 again; block 1's first removal leaves a copy: not published
+    assert [len(r) for r in removals] == [0, 0, 0, 1]
+    assert in_removal_model(hand, "per_copy") is hand
+    with pytest.raises(ValueError, match="removal model must be one of"):
+        in_removal_model(hand, "some_copies")
+
+
+def test_an_unknown_removal_model_is_a_finding() -> None:
+    def odd(config):  # type: ignore[no-untyped-def]
+        indexer = reference_indexer(config)
+        indexer.removal_model = "every_other_copy"
+        return indexer
+
+    v = judge_scenario(odd, SCENARIOS[0])
+    assert v.finding is not None and "removal_model is 'every_other_copy'" in v.finding.message
+
+
+def test_the_removal_model_travels_over_json_lines() -> None:
+    loaded = open_indexer("pagedprefix.cluster.indexer:last_copy_reference")
+    try:
+        loaded.start()
+        verdicts = judge(loaded.factory, SCENARIOS[:3])
+    finally:
+        loaded.close()
+    assert all_passed(verdicts) and {v.removal for v in verdicts} == {"last_copy"}

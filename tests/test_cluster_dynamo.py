@@ -39,7 +39,7 @@ def test_a_missing_distribution_is_a_not_installed_row() -> None:
     row = im.run_indexer(im.MatrixIndexer("dynamo", "no-such-distribution-xyz"))
     assert (row.version, row.verdict, row.verdicts) == ("-", "not installed", [])
     text = im.render_section([row])
-    assert "| dynamo | - | not installed | - |" in text
+    assert "| dynamo | - | `-` | not installed | - |" in text
     assert "Not judged here: pip install no-such-distribution-xyz." in text
 
 
@@ -64,7 +64,7 @@ def test_matrix_appends_the_registered_sections(tmp_path: Path) -> None:
 
     out = tmp_path / "MATRIX.md"
     section = "\n# Indexers\n\nsection text\n"
-    ccli._MATRIX_SECTIONS.append(lambda: section)
+    ccli._MATRIX_SECTIONS.append(lambda streams: section)
     try:
         ccli._matrix_run([], out, None, False, 0)
         text = out.read_text(encoding="utf-8")
@@ -198,11 +198,29 @@ def test_the_matrix_verdicts_of_dynamo_are_all_explained() -> None:
     by_name = {v.scenario.name: v for v in row.verdicts}
     assert row.version == "1.6.1" and row.verdict == "FAIL"
     assert by_name["all-blocks-cleared"].passed
-    assert "answered 16 tokens; the reference answers 48" in str(by_name["duplicate-copies"].finding)
+    # the tree keeps a set of workers: judged on last_copy streams, it keeps the surviving copy
+    assert by_name["duplicate-copies"].passed and row.removal == "last_copy"
     assert "NotImplementedError" in str(by_name["unknown-parent-mamba"].finding)
     failing = {n for n, v in by_name.items() if not v.passed}
     assert failing <= set(im.NOTES["dynamo"]), failing - set(im.NOTES["dynamo"])
-    assert "*unexplained*" not in im.render_section([row])
+    text = im.render_section([row], {"vllm-events": "per_copy"})
+    assert "*unexplained*" not in text
+    assert "- `vllm-events` (`per_copy`) with `dynamo` (`last_copy`): **mismatch**." in text
+
+
+def test_pairs_of_removal_models_are_reported() -> None:
+    """An engine stream and an indexer that assume different removal models are a mismatch of
+    the pair (SEMANTICS.md section 9), explained; agreeing ones say so."""
+    rows = [im.run_indexer(im.MatrixIndexer(name, "pagedprefix")) for name in (
+        "reference", "pagedprefix.cluster.indexer:last_copy_reference")]
+    assert [r.removal for r in rows] == ["per_copy", "last_copy"] and all(r.verdict == "PASS" for r in rows)
+    text = im.render_section(rows, {"impl": "per_copy", "quiet": "last_copy"})
+    assert "- `impl` (`per_copy`) with `reference` (`per_copy`): the models agree." in text
+    assert ("- `quiet` (`last_copy`) with `reference` (`per_copy`): **mismatch**. The engine removes a key "
+            "once") in text
+    assert "- `impl` (`per_copy`) with `pagedprefix.cluster.indexer:last_copy_reference` (`last_copy`): " \
+           "**mismatch**. The engine removes each evicted copy" in text
+    assert "Removal models" not in im.render_section(rows)  # no engine stream judged: no pairs
 
 
 # ----- vLLM's own event stream into Dynamo's tree ------------------------------------------------

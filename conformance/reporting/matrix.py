@@ -86,6 +86,7 @@ class Cell:
     error: str = ""
     reached: dict[str, int] = field(default_factory=dict)  # the run's SuiteReport.reached
     vector_skips: list[tuple[str, str]] = field(default_factory=list)  # vector cases not run, per group
+    event_removal: str = ""  # the removal model of its event stream, when it declares events
 
 
 def version_of(distribution: str) -> str | None:
@@ -140,6 +141,7 @@ def run_cells(
                 factory, SuiteOptions(profile=profile, seed=seed), engine.name, extra_groups=groups
             )
             cells.append(_cell(engine.name, version, profile, report))
+            cells[-1].event_removal = caps.event_removal if caps.events else ""
     finally:
         close = getattr(factory, "close", None)
         if callable(close):
@@ -207,6 +209,12 @@ def _cell(engine: str, version: str, profile: str, report: SuiteReport) -> Cell:
     cell.vector_skips = vector_skips(report.rows)
     cell.error = "; ".join(report.reasons())
     return cell
+
+
+def stream_models(cells: Sequence[Cell]) -> dict[str, str]:
+    """Engine -> the removal model of its KV-cache event stream (``Capabilities.event_removal``),
+    for every engine whose cells judged its events: what an indexer of its events must assume."""
+    return {c.engine: c.event_removal for c in cells if c.event_removal}
 
 
 def declared_channels(name: str) -> tuple[Channel, ...]:
