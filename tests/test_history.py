@@ -402,3 +402,61 @@ def test_opaque_keys_of_every_era() -> None:
     assert opaque_key(b"\x01\xff") == "01ff" and opaque_key(7) == "7"
     with pytest.raises(ValueError, match="not a cached block's hash"):
         opaque_key(None)
+
+
+def test_documents_quote_tracebacks_without_the_writers_paths() -> None:
+    from pagedprefix.conformance.reporting.portable import portable, portable_json
+
+    trace = (
+        'Traceback (most recent call last):\n'
+        '  File "/home/me/src/pagedprefix/conformance/judging/driver.py", line 179, in execute\n'
+        '  File "/home/me/.cache/pagedprefix/vllm/0.9.0/vllm/v1/core/block_pool.py", line 182, in x\n'
+        '  File "/usr/lib/python3.11/json/decoder.py", line 3, in y\n'
+        '  File "<string>", line 1, in <module>\n'
+    )
+    assert portable(trace).splitlines()[1:] == [
+        '  File "conformance/judging/driver.py", line 179, in execute',
+        '  File "vllm/v1/core/block_pool.py", line 182, in x',
+        '  File "json/decoder.py", line 3, in y',
+        '  File "<string>", line 1, in <module>',
+    ]
+    assert portable_json({"a": [trace], "n": 3})["a"][0] == portable(trace)
+
+
+def test_events_of_every_release_era_map_onto_the_spec_events() -> None:
+    """A release's own event objects (fields as each era's ``kv_events.py`` has them) and keys (a
+    signed ``hash()``, a 256-bit SHA-256 int, 64-bit ints, bytes) as the spec's events."""
+    from dataclasses import dataclass as dc
+
+    from pagedprefix.conformance.engines.vllm import spec_event
+    from pagedprefix.conformance.engines.vllm_release import release_key
+    from pagedprefix.spec.events import BlockRemoved, BlockStored
+    from pagedprefix.spec.extras import TAG_LORA
+
+    @dc
+    class OldStored:  # 0.9 to 0.13: no extra_keys, no lora_name, no group_idx
+        block_hashes: list[int]
+        parent_block_hash: int | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+
+    @dc
+    class NewStored(OldStored):  # 0.17 on
+        lora_name: str | None = None
+        extra_keys: list[tuple[object, ...] | None] | None = None
+        group_idx: int = 0
+
+    BlockStoredOld = type("BlockStored", (OldStored,), {})
+    BlockStoredNew = type("BlockStored", (NewStored,), {})
+    old = spec_event(BlockStoredOld([-5, 2**255], None, [1, 2, 3, 4], 2, 7), release_key)
+    assert isinstance(old, BlockStored) and old.block_hashes == (release_key(-5), release_key(2**255))
+    assert [f.payload for f in old.extras[0]] == [b"lora_id:7"] and len(old.extras) == 2
+    new = spec_event(BlockStoredNew([1], 9, [5, 6], 2, 3, "ad", [("salt",)], 1), release_key)
+    assert isinstance(new, BlockStored) and new.group == 1 and new.parent_block_hash == release_key(9)
+    assert [(f.tag, f.payload) for f in new.extras[0]] == [(TAG_LORA, b"ad"), (0, b"salt")]
+    removed = type("BlockRemoved", (), {"block_hashes": [b"\x01" * 8]})()
+    assert spec_event(removed, release_key) == BlockRemoved((b"\x01" * 8,), 0)
+    assert release_key(-1) != release_key(2**64 - 1) and len(release_key(3)) == 8
+    with pytest.raises(TypeError, match="neither an int nor bytes"):
+        release_key("3")

@@ -506,27 +506,43 @@ class VllmAdapter(NumberedEvents, VllmRequests):
         return out
 
     def _event(self, e: Any) -> Event:
-        name = type(e).__name__
-        if name == "BlockStored":
-            extras = e.extra_keys or [None] * len(e.block_hashes)
-            lora = (ExtraField(TAG_LORA, e.lora_name.encode("utf-8")),) if e.lora_name is not None else ()
-            fields = tuple(
-                lora + tuple(ExtraField(UNTAGGED, untagged_bytes(v)) for v in ks or ()) for ks in extras
-            )
-            return BlockStored(
-                tuple(external_key(h) for h in e.block_hashes),
-                None if e.parent_block_hash is None else external_key(e.parent_block_hash),
-                tuple(int(t) for t in e.token_ids),
-                int(e.block_size),
-                fields,
-                int(e.group_idx or 0),
-            )
-        if name == "BlockRemoved":
-            return BlockRemoved(tuple(external_key(h) for h in e.block_hashes), int(e.group_idx or 0))
-        if name == "AllBlocksCleared":
-            return AllBlocksCleared()
-        raise TypeError(f"vLLM queued an unknown KV-cache event {e!r:.200}")
+        return spec_event(e, external_key)
 
+
+
+def spec_event(e: Any, key: Callable[[object], bytes]) -> Event:
+    """One of vLLM's own KV-cache event objects as a :mod:`pagedprefix.spec.events` event (module
+    docstring), its keys converted by ``key``. Fields a release's event class lacks are absent:
+    ``extra_keys`` (0.17 on) and ``lora_name`` (0.17 on) read as none, ``group_idx`` as 0; a
+    release whose ``BlockStored`` carries only ``lora_id`` (0.9 to 0.16) has it as one untagged
+    field ``lora_id:N`` on every block. Raises ``TypeError`` for another event type."""
+    name = type(e).__name__
+    group = int(getattr(e, "group_idx", 0) or 0)
+    if name == "BlockStored":
+        extras = getattr(e, "extra_keys", None) or [None] * len(e.block_hashes)
+        lora_name = getattr(e, "lora_name", None)
+        lora_id = getattr(e, "lora_id", None) if not hasattr(e, "lora_name") else None
+        lora: tuple[ExtraField, ...] = ()
+        if lora_name is not None:
+            lora = (ExtraField(TAG_LORA, lora_name.encode("utf-8")),)
+        elif lora_id is not None:
+            lora = (ExtraField(UNTAGGED, f"lora_id:{int(lora_id)}".encode()),)
+        fields = tuple(
+            lora + tuple(ExtraField(UNTAGGED, untagged_bytes(v)) for v in ks or ()) for ks in extras
+        )
+        return BlockStored(
+            tuple(key(h) for h in e.block_hashes),
+            None if e.parent_block_hash is None else key(e.parent_block_hash),
+            tuple(int(t) for t in e.token_ids),
+            int(e.block_size),
+            fields,
+            group,
+        )
+    if name == "BlockRemoved":
+        return BlockRemoved(tuple(key(h) for h in e.block_hashes), group)
+    if name == "AllBlocksCleared":
+        return AllBlocksCleared()
+    raise TypeError(f"vLLM queued an unknown KV-cache event {e!r:.200}")
 
 
 def external_key(value: object) -> bytes:
@@ -714,6 +730,7 @@ def vllm_with_events(config: spec.CacheConfig) -> VllmAdapter:
 
 __all__ = [
     "CAPABILITIES", "HASH_NAMES", "IMPORTS_NEEDED", "STAND_INS", "TARGETS", "VERSION", "SamplingParams",
-    "VllmAdapter", "VllmHybridAdapter", "external_key", "loaded", "lora_path", "unavailable_reason",
-    "untagged_bytes", "vllm", "vllm_request_id", "vllm_with_events",
+    "VllmAdapter", "VllmHybridAdapter", "external_key", "loaded", "lora_path", "opaque_key",
+    "seed_declaration", "spec_event", "unavailable_reason", "untagged_bytes", "vllm", "vllm_request_id",
+    "vllm_with_events",
 ]

@@ -73,8 +73,12 @@ numbers:
 
 Capabilities are the release's, read from its code (:func:`release_capabilities`); a
 capability declared that the release lacks would be a false PASS, one left out that it has a false
-FAIL. Hybrid groups and KV-cache events are not declared here (the history's rows judge one
-full-attention group, as the matrix's ``vllm`` rows judge events elsewhere).
+FAIL. KV-cache events are declared where the manager has them (0.9.0 on: ``enable_kv_cache_events``
+and ``take_events``): :meth:`ReleaseAdapter.take_events` maps the release's own event objects with
+the 0.33.0 adapter's :func:`~pagedprefix.conformance.engines.vllm.spec_event` (fields the release's
+``BlockStored`` lacks read as absent) and :meth:`ReleaseAdapter.cached_keys` reads its
+``cached_block_hash_to_block`` in the form its events publish (:func:`release_key`). Hybrid groups
+are not declared here (the history's rows judge one full-attention group).
 """
 
 from __future__ import annotations
@@ -84,20 +88,31 @@ import logging
 import os
 import re
 import types
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pagedprefix import spec
+from pagedprefix.spec.events import EventBatch, GroupKey
 from pagedprefix.spec.extras import canonical_mm_items
 
 from ..protocol import Capabilities, EngineUnavailable, UnsupportedConfig
+from ..protocol.adapters import NumberedEvents
 from ..protocol.channels import SEED_ENV as CHANNEL_SEED
 from ..protocol.channels import Channel
 from . import _release
 from .vllm import CAPABILITIES as CAPABILITIES_0_33
-from .vllm import MAX_MODEL_LEN, SAMPLING_MAX_TOKENS, VllmRequests, lora_path, opaque_key, seed_declaration
+from .vllm import (
+    MAX_MODEL_LEN,
+    SAMPLING_MAX_TOKENS,
+    VllmRequests,
+    lora_path,
+    opaque_key,
+    seed_declaration,
+    spec_event,
+)
 
 TARGETS: tuple[str, ...] = (
     "vllm.v1.core.kv_cache_manager",
@@ -151,6 +166,8 @@ class ReleaseInfo:
         seed_env: the variable the release seeds its root key from (``PYTHONHASHSEED``), or ``""``
             when it reads none (:func:`~pagedprefix.conformance.engines.vllm.seed_declaration`).
         seed_source: where the release's seeding promises come from, or why it makes none.
+        events: the manager takes ``enable_kv_cache_events`` and has ``take_events`` (0.9.0 on):
+            the release's own KV-cache event queue is driven and judged.
     """
 
     version: str
@@ -170,6 +187,7 @@ class ReleaseInfo:
     mm_caching_off: bool = False
     seed_env: str = ""
     seed_source: str = ""
+    events: bool = False
 
 
 def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
@@ -248,6 +266,7 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         mm_caching_off=_MM_CACHING_OFF in _read(release.root / "vllm" / "engine" / "arg_utils.py"),
         seed_env=seeding["seed_env"] or "",
         seed_source=seeding["seed_source"],
+        events="enable_kv_cache_events" in ctor and hasattr(manager_cls, "take_events"),
     )
 
 
@@ -367,7 +386,7 @@ def release_capabilities(info: ReleaseInfo) -> Capabilities:
         extras=frozenset(extras),  # type: ignore[arg-type]
         free_order=info.free_order,
         groups=frozenset(),
-        events=False,
+        events=info.events,
         engine_keys=True,
         seed_env=info.seed_env or None,
         seed_source=info.seed_source,
@@ -400,7 +419,7 @@ def load(root: Path) -> tuple[_release.Release, ReleaseInfo]:
     return _STATE["release"], _STATE["info"]
 
 
-class ReleaseAdapter(VllmRequests):
+class ReleaseAdapter(NumberedEvents, VllmRequests):
     """One release's ``KVCacheManager`` seen through the spec's operations (module docstring)."""
 
     def __init__(self, config: spec.CacheConfig, release: _release.Release, info: ReleaseInfo) -> None:
@@ -465,7 +484,7 @@ class ReleaseAdapter(VllmRequests):
             "num_preallocate_tokens": 0,
             "caching_hash_algo": algo,
             "sliding_window": None,
-            "enable_kv_cache_events": False,
+            "enable_kv_cache_events": self.info.events,
             "use_eagle": False,
         }
         for name, p in params.items():
@@ -703,6 +722,38 @@ class ReleaseAdapter(VllmRequests):
         :func:`~pagedprefix.conformance.engines.vllm.opaque_key`."""
         return opaque_key(self._all_blocks()[block_id + self.shift].block_hash)
 
+    # ----- KV-cache events (0.9.0 on) ----------------------------------------------------------
+
+    def take_events(self) -> list[EventBatch]:
+        """The release's queued events since the last call (``KVCacheManager.take_events``) as one
+        batch numbered 0, 1, ... (none when it queued nothing), as the 0.33.0 adapter does."""
+        if not self.info.events:
+            raise NotImplementedError(f"vLLM {self.info.version} has no KV-cache events")
+        return self._numbered([spec_event(e, release_key) for e in self.manager.take_events()])
+
+    def cached_keys(self) -> Counter[GroupKey]:
+        """The release's index (``BlockPool.cached_block_hash_to_block``: a dict, or from 0.11 a
+        ``BlockHashToBlockMap`` with ``_cache``), blocks per key in the form its events publish."""
+        table = self._pool_obj().cached_block_hash_to_block
+        items = table._cache.items() if hasattr(table, "_cache") else table.items()
+        out: Counter[GroupKey] = Counter()
+        for key, blocks in items:
+            group, published = self._published(key)
+            out[(group, release_key(published))] += len(blocks) if isinstance(blocks, dict) else 1
+        return out
+
+    def _published(self, key: Any) -> tuple[int, Any]:
+        """``(group, hash as the events publish it)`` of an index key of the release: bytes with the
+        group id (0.11 on: ``maybe_convert_block_hash``), ``BlockHashWithGroupId`` (0.9.x to 0.10:
+        ``block_hash.hash_value``) or a bare ``BlockHashType`` (``hash_value``, group 0)."""
+        utils = self._utils
+        if isinstance(key, bytes):
+            return int(utils.get_group_id(key)), utils.maybe_convert_block_hash(utils.get_block_hash(key))
+        inner = getattr(key, "block_hash", None)
+        if inner is not None:
+            return int(key.group_id), inner.hash_value
+        return 0, key.hash_value
+
     def free_blocks(self) -> tuple[int, ...]:
         queue = self._queue()
         get_all = getattr(queue, "get_all_free_blocks", None)
@@ -739,6 +790,17 @@ def _construct(cls: Any, values: dict[str, Any], version: str) -> Any:
     if missing:
         raise EngineUnavailable(f"vllm {version}: {cls.__name__} needs {sorted(missing)}, unknown here")
     return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def release_key(value: object) -> bytes:
+    """A key as a release's events publish it, as bytes: bytes as they are, an int (64 bits from
+    0.11 on; before, Python's signed ``hash()`` or a 256-bit SHA-256 value) in as many signed
+    big-endian bytes as it needs, at least 8. Raises ``TypeError`` for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value.to_bytes(max(8, (value.bit_length() + 8) // 8), "big", signed=True)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    raise TypeError(f"a vLLM block hash that is neither an int nor bytes: {value!r:.80}")
 
 
 def release_factory(root: Path) -> Callable[[spec.CacheConfig], ReleaseAdapter]:

@@ -35,6 +35,7 @@ from typing import Any
 from ..protocol.watchdog import BudgetSpent
 from ..running.supervise import BUDGET_SLACK
 from .history_fetch import PIP_TIMEOUT_S, FetchError, cached, fetch, version_key
+from .portable import portable, portable_json
 
 HISTORY_PATH = Path("docs/HISTORY.md")
 HISTORY_EXAMPLES = 60
@@ -105,7 +106,7 @@ def _run_release(root: Path, seed: int, examples: int, budget: float | None) -> 
     profile = strongest_profile(factory.capabilities)  # type: ignore[attr-defined]
     options = SuiteOptions(profile=profile, seed=seed, max_examples=examples, time_budget=budget)
     report = run_suite(factory, options, "vllm", extra_groups=[])
-    failing = [r.to_json() for r in report.rows if r.status == "fail"]
+    failing = [portable_json(r.to_json()) for r in report.rows if r.status == "fail"]
     channels = [
         {
             "name": c.name, "driven": c.driven, "reached": report.reached.get(c.reach, 0),
@@ -162,6 +163,7 @@ def release_capabilities_json(info: Any) -> dict[str, Any]:
         "free_order": info.free_order,
         "new_step": info.new_step,
         "scheduler_full_hit_pop": info.scheduler_pops_full_hit,
+        "events": info.events,
     }
 
 
@@ -455,7 +457,8 @@ def render_section(r: ReleaseResult) -> list[str]:
             f"  {finding.explanation}" + (f" {refs}" if refs else ""),
         ]
         if finding.counterexample:
-            lines += ["", "  ```text", *("  " + x for x in finding.counterexample.splitlines()), "  ```"]
+            quoted = portable(finding.counterexample).splitlines()
+            lines += ["", "  ```text", *("  " + x for x in quoted), "  ```"]
         elif finding.example:
             lines += ["", f"  First case: {_one_line(finding.example)}"]
     return lines
@@ -474,8 +477,11 @@ HEADER = [
     "`conformance/running/shapes.py`), never by property name: every failing case is listed under "
     "its explanation, and a shape no note matches is *unexplained*. Multimodal items are sent from "
     "0.6.6 on, in the placeholder form vLLM's processor gives its prompts (`mm_placeholders`, "
-    "`conformance/protocol/placeholders.py`). One full-attention KV-cache "
-    "group, events off (the hybrid groups and the event stream of 0.33.0 are judged in "
+    "`conformance/protocol/placeholders.py`). The KV-cache event stream is judged in every "
+    "release whose manager has one (0.9.0 on: `enable_kv_cache_events`, `take_events`), with the "
+    "same run (`event-*` properties); key seeding in the release's own terms (`key-seeding`: fresh "
+    "worker processes with `PYTHONHASHSEED` set or removed, as each release's `kv_cache_utils` "
+    "promises). One full-attention KV-cache group (the hybrid groups of 0.33.0 are judged in "
     "`docs/MATRIX.md`). The last column lists what a row did not judge: each capability its code "
     "does not give (the properties and vector cases that need it are listed in its section) and "
     "each key channel not driven, with the reason in the section.",

@@ -126,10 +126,72 @@ _MM_EMPTY_EXTRA_KEYS = (
     "record searched."
 )
 
+_EVENTS_LORA_ID_CRASH = (
+    "A published bug of the release: with KV-cache events on, `BlockPool.cache_full_blocks` "
+    "publishes `BlockStored(lora_id=request.lora_request.id)` ({where}), but `LoRARequest` has no "
+    "`id` (its id is `lora_int_id`, or the `adapter_id` property), so the first LoRA request that "
+    "fills a block raises `AttributeError` in the middle of the allocation: the engine fails the "
+    "request instead of serving it. Fixed by vllm-project/vllm#27728 (\"[BugFix][LoRA] use "
+    "adapter_id instead of id field of lora_request\", 0.11.1)."
+)
+
+_EVENTS_WITHOUT_EXTRAS = (
+    "The release's `BlockStored` ({where}) carries the block's tokens, its parent and at most a LoRA "
+    "(`lora_id`, from 0.14 also `lora_name`), but none of the other extra keys its key folds in "
+    "(`cache_salt`, multimodal identifiers): two blocks with the same tokens and parent that differ "
+    "only in a salt or an image get different keys and identical events, so an indexer fed by them "
+    "credits one tenant or image with the other's prefix. Reported by the consumers "
+    "(llm-d/llm-d-kv-cache#47: \"the `extra_keys` component is always null\"); vLLM added per-block "
+    "`extra_keys` to `BlockStored` in vllm-project/vllm#33304 (0.17.0), from which these events "
+    "tell the blocks apart."
+)
+
+_EVENTS_LORA_NAME_ONLY = (
+    "The release keys a LoRA block by the adapter's name *and path* (`(\"lora\", name, path)`, "
+    "`_gen_lora_extra_hash_keys`), but its events carry the name only ({where}; `to_event_extra_keys` "
+    "drops the path): two adapters loaded under one name get different keys and identical events, so "
+    "an indexer fed by them credits one adapter with the other's prefix. A finding of the event "
+    "format, not of the cache (the keys are right); no report of it was found in the public record "
+    "searched."
+)
+
 _HITS = frozenset({"allocate", "lookup"})
+_FILLS = frozenset({"allocate", "append"})
 _WRONG_HIT = frozenset({"hit-other-content", "hit-more"})
 
 NOTES: tuple[Note, ...] = (
+    Note(
+        "events-lora-id-crash",
+        (Pattern(_FILLS, frozenset({"crashed"}), None),),
+        "0.9.0",
+        "0.11.0",
+        _EVENTS_LORA_ID_CRASH,
+        "vllm/v1/core/block_pool.py",
+        r"lora_request\.id\b",
+        ("https://github.com/vllm-project/vllm/pull/27728",),
+    ),
+    Note(
+        "events-without-extras",
+        tuple(Pattern(_FILLS, frozenset({"event-alike"}), (f,)) for f in ("cache_salt", "mm")),
+        "0.9.0",
+        "0.16.0",
+        _EVENTS_WITHOUT_EXTRAS,
+        "vllm/distributed/kv_events.py",
+        r"^class BlockStored",
+        (
+            "https://github.com/llm-d/llm-d-kv-cache/issues/47",
+            "https://github.com/vllm-project/vllm/pull/33304",
+        ),
+    ),
+    Note(
+        "events-lora-name-only",
+        (Pattern(_FILLS, frozenset({"event-alike"}), ("lora.id",)),),
+        "0.31.0",
+        "0.34.0",
+        _EVENTS_LORA_NAME_ONLY,
+        "vllm/distributed/kv_events.py",
+        r"lora_name:",
+    ),
     Note(
         "lora-by-name",
         (Pattern(_HITS, _WRONG_HIT, ("lora.id",)),),

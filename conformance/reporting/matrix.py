@@ -45,6 +45,7 @@ from ..running.suite import (
     probe_capabilities,
     run_suite,
 )
+from .portable import portable
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,8 @@ def _cell_section(c: Cell) -> list[str]:
         lines.append(f"- FAIL `{r.name}`: {r.detail}. {explain(c.engine, r)}")
         lines += _case_lines(r)
         if r.counterexample:
-            lines += ["", "  ```text", *("  " + line for line in r.counterexample.splitlines()), "  ```"]
+            quoted = portable(r.counterexample).splitlines()
+            lines += ["", "  ```text", *("  " + line for line in quoted), "  ```"]
     for r in c.skipped:
         note = _skipped_note(c.engine, r)
         if note is not None:

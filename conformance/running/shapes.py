@@ -32,6 +32,8 @@ OUTCOMES: dict[str, str] = {
     "refused-spec-succeeds": r"engine OutOfBlocks.*spec succeeds",
     "hit-count": r"hit \d+ tokens; the spec hits \d+",
     "error-kind": r"the spec raises",
+    "crashed": r"\) crashed: ",
+    "event-alike": r"the keys differ, the events do not",
     "event": r"\bevent",
 }
 """Outcome name -> the pattern of the judge's message that names it (first match wins; else
