@@ -13,8 +13,12 @@ from pagedprefix import spec
 from pagedprefix.conformance.judging.properties import Violation
 from pagedprefix.conformance.protocol import Capabilities
 from pagedprefix.conformance.protocol.placeholders import (
+    MAX_EMBED_BYTES,
+    MM_FORM,
     OTHER_TOKEN,
     PLACEHOLDER_TOKEN,
+    Form,
+    form_of,
     form_violation,
     item_length,
     placeholder_form,
@@ -202,3 +206,82 @@ def test_the_precondition_excuses_exactly_identifier_keying(
     assert report.ok == passes, failing
     if not passes:
         assert failing & {"hit-content", "vectors: extras"}, failing
+
+
+# ----- prompt embeddings in the placeholder form (Capabilities.embeds_placeholders) ----------------
+
+EMBEDS = Form(mm=False, embeds=True)
+
+
+def _embeds(*positions: int, data: bytes = b"\x01\x02") -> Extras:
+    return Extras(prompt_embeds=spec.PromptEmbeds(positions, tuple(data for _ in positions)))
+
+
+def test_embedded_positions_hold_the_placeholder_token() -> None:
+    assert form_violation([5, P, 7], _embeds(1), EMBEDS) is None
+    assert form_violation([5, 6, 7], _embeds(1), EMBEDS) == "position 1 is embedded but holds token 6"
+    assert form_violation([P, 6, 7], _embeds(1), EMBEDS) == "position 1 is embedded but holds token 6"
+    assert form_violation([P, P, 7], _embeds(1), EMBEDS) is None  # a real token 0 elsewhere: allowed
+    assert form_violation([5, 6, 7], _embeds(1), MM_FORM) is None  # the mm form says nothing of embeds
+    long = _embeds(1, data=b"x" * (MAX_EMBED_BYTES + 1))
+    assert "at most 1022 in the form" in str(form_violation([5, P, 7], long, EMBEDS))
+    tokens, extras = placeholder_form([5, 6, 0, 8], long, EMBEDS)
+    assert tokens == [5, P, 0, 8] and extras.prompt_embeds is not None
+    assert form_violation(tokens, extras, EMBEDS) is None
+    assert len(extras.prompt_embeds.data[0]) == MAX_EMBED_BYTES
+    both = Form(mm=True, embeds=True)
+    assert form_violation([P, P, 7], _embeds(1), both) == "position 0 outside every item holds token 0"
+    assert form_violation([OTHER_TOKEN, P, 7], _embeds(1), both) is None
+    assert form_of(Capabilities()) is None and form_of(Capabilities(embeds_placeholders=True)) == EMBEDS
+
+
+def test_vector_cases_outside_the_embeds_form_are_skipped_with_the_reason() -> None:
+    case = {"config": {"block_size": 2, "num_blocks": 4}, "steps": [
+        {"op": "allocate", "request_id": "a", "tokens": [5, 6, 7],
+         "extras": {"prompt_embeds": {"positions": [1], "data": ["0102"]}}}]}
+    caps = Capabilities(embeds_placeholders=True)
+    assert unmet_requirements(case, caps, "exact") == [
+        "token ids at embedded positions: not in the placeholder form (step 0: position 1 is embedded "
+        "but holds token 6)"]
+    assert unmet_requirements(case, Capabilities(), "exact") == []
+
+
+def _embeds_engine(blind: bool) -> Any:
+    """The spec declaring ``embeds_placeholders``; ``blind`` drops the embeddings from the key (an
+    engine that reads neither the token id nor the embedding at an embedded position)."""
+    from pagedprefix.conformance.protocol.adapters import SpecAdapter, spec_capabilities
+
+    class Embeds(SpecAdapter):  # type: ignore[misc]
+        def _key_of(self, tokens: Any, extras: Extras) -> Extras:
+            if blind and isinstance(extras, Extras) and _valid(list(tokens), extras):
+                return replace(extras, prompt_embeds=None)
+            return extras
+
+        def allocate(self, request_id: Any, tokens: Any, extras: Extras = spec.NO_EXTRAS) -> Any:
+            return super().allocate(request_id, tokens, self._key_of(tokens, extras))
+
+        def lookup(self, tokens: Any, extras: Extras = spec.NO_EXTRAS) -> int:
+            return int(super().lookup(tokens, self._key_of(tokens, extras)))
+
+    def factory(config: spec.CacheConfig) -> Any:
+        adapter = Embeds(config)
+        caps = spec_capabilities(config, groups=False)
+        adapter.capabilities = replace(caps, embeds_placeholders=True, input_errors=False, keys=False)
+        return adapter
+
+    return factory
+
+
+@pytest.mark.parametrize("blind", [False, True], ids=["keys-embeddings", "ignores-embeddings"])
+def test_the_embeds_precondition_excuses_the_token_ids_never_the_embedding(blind: bool) -> None:
+    """vLLM's mixed prompts hold a sentinel at each embedded position: an engine declaring it is
+    sent embedded positions holding token 0 (so keying the token there is moot), and still FAILs
+    when it does not key the embedding itself."""
+    from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
+
+    report = run_suite(_embeds_engine(blind), SuiteOptions(max_examples=150), "embeds", extra_groups=[])
+    failing = {r.name for r in report.rows if r.status == "fail"}
+    assert report.reached.get("prompt_embeds", 0) > 0
+    assert report.ok != blind, failing
+    if blind:  # a lookup hits past the embedding (policy-hits), the shipped vectors hit its block
+        assert "vectors: extras" in failing and failing & {"hit-content", "policy-hits"}, failing

@@ -71,9 +71,13 @@ Mapping decisions
   so that two identities the spec keeps apart get different keys, and ``id + 1`` only satisfies the
   constructor. ``cache_salt``: ``Request(cache_salt=salt or None)``; vLLM keys it as
   ``("cache_salt", salt)`` in block 0 only, and an empty salt is no salt, as in the spec.
-  Multimodal items and prompt embeddings are not declared: vLLM's ``MultiModalFeatureSpec`` and
-  ``PlaceholderRange`` live in ``vllm.multimodal.inputs``, which does not import without Pillow and
-  the model-input stack, and prompt embeddings need a model's embedding tensors.
+  Prompt embeddings: vLLM's mixed form (:func:`embeds_inputs`: ``prompt_embeds``, one ``uint8``
+  row per position, and the ``prompt_is_token_ids`` mask; any tensor is keyed as a model's would
+  be), on prompts in the placeholder form (``embeds_placeholders``: token 0 at each embedded
+  position, as vLLM's frontend puts a sentinel there and its ``Request`` zeroes it). Multimodal
+  items are not declared here: vLLM's ``MultiModalFeatureSpec`` and ``PlaceholderRange`` live in
+  ``vllm.multimodal.inputs``, which does not import without Pillow and ``transformers`` (the
+  history drives them for 0.33.0 through the release loader).
 - **Policy.** vLLM 0.33 follows one policy whatever the config says: ``free_order="unhashed_to_head"``
   (``BlockPool.free_blocks``), ``dedup_on_full=False`` (``BlockPool.cache_full_blocks`` keeps a block
   whose key is already cached as a duplicate). Physical ids (after the null-block shift) are the
@@ -169,6 +173,7 @@ from ..protocol import UnsupportedConfig
 from ..protocol.adapters import NumberedEvents
 from ..protocol.channels import SEED_ENV as CHANNEL_SEED
 from ..protocol.channels import Channel, declare_channels
+from ..protocol.placeholders import MAX_EMBED_BYTES
 from ._engine import EngineAdapter, engine_capabilities, engine_request_id
 from .vllm_load import IMPORTS_NEEDED, STAND_INS, TARGETS, VERSION, SamplingParams, loaded, unavailable_reason
 
@@ -262,6 +267,7 @@ CAPABILITIES = engine_capabilities(
     publish="allocation", publish_decode="append",  # when keys become visible
     groups=frozenset({"full", "sliding", "chunked"}), retention="replay", group_free_order="group_major",
     same_step_state="defer",
+    extras=frozenset({"lora", "cache_salt", "prompt_embeds"}), embeds_placeholders=True,  # embeds_inputs
 )
 
 
@@ -401,6 +407,7 @@ class VllmAdapter(NumberedEvents, VllmRequests):
             lora_request=lora,
             cache_salt=extras.cache_salt or None,
             block_hasher=self._hasher,
+            **embeds_inputs(len(tokens), extras.prompt_embeds),
         )
 
     def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
@@ -508,6 +515,39 @@ class VllmAdapter(NumberedEvents, VllmRequests):
     def _event(self, e: Any) -> Event:
         return spec_event(e, external_key)
 
+
+
+EMBEDS_CHANNEL = (
+    "the spec's embedded positions in vLLM's mixed form (`embeds_inputs`: a uint8 row per position, "
+    "the mask), keyed by a SHA-256 of each block's rows (`vllm/v1/core/kv_cache_utils.py` "
+    "`_gen_prompt_embeds_extra_hash_keys`); in the placeholder form (`embeds_placeholders`: token 0 at "
+    "each embedded position, as vLLM's frontend and `Request` make it). The mask itself is not keyed "
+    "(vllm-project/vllm#56655, open): a prompt whose token position holds a row equal to another's "
+    "embedding is not sent, since the adapter's token rows are zeros"
+)
+EMBED_ROW_BYTES = 2 + MAX_EMBED_BYTES
+"""The width of one row of the ``prompt_embeds`` tensor the adapters build (uint8)."""
+
+
+def embeds_inputs(num_tokens: int, embeds: spec.PromptEmbeds | None) -> dict[str, Any]:
+    """The ``Request`` arguments that carry the spec's prompt embeddings in vLLM's mixed form (0.21
+    on, the frontend's chat completions with embeddings): ``prompt_embeds``, a ``uint8`` tensor of
+    shape ``[num_tokens, EMBED_ROW_BYTES]`` whose row at an embedded position holds the data's length
+    (2 bytes, little-endian) and the data, zeros elsewhere, and ``prompt_is_token_ids``, ``False`` at
+    the embedded positions. vLLM keys a block by a SHA-256 of its rows (``tensor_data``), so any
+    tensor of the right shape is keyed as a model's would be; the fixed width keeps one block's rows
+    independent of the other blocks' data, and the length prefix keeps an embedded row from ever
+    equalling a token row (all zeros). ``{}`` without embeddings. The prompts are in the placeholder
+    form (``Capabilities.embeds_placeholders``): each embedded position holds token 0."""
+    if embeds is None:
+        return {}
+    torch = __import__("torch")
+    rows = torch.zeros((num_tokens, EMBED_ROW_BYTES), dtype=torch.uint8)
+    for pos, data in zip(embeds.positions, embeds.data, strict=True):
+        row = len(data).to_bytes(2, "little") + data
+        rows[pos, : len(row)] = torch.frombuffer(bytearray(row), dtype=torch.uint8)
+    embedded = set(embeds.positions)
+    return {"prompt_embeds": rows, "prompt_is_token_ids": [p not in embedded for p in range(num_tokens)]}
 
 
 def spec_event(e: Any, key: Callable[[object], bytes]) -> Event:
@@ -647,9 +687,8 @@ _CHANNELS_COMMON: tuple[Channel, ...] = (
             "(`vllm_release`: the release's own `MultiModalFeatureSpec`, loaded from its tree). Here the "
             "installed `vllm.multimodal` imports `transformers`, which the pinned engine install lacks "
             "(tests/test_engines_vllm.py tries it)"),
-    Channel("prompt_embeds", "Request(prompt_embeds=tensor)", False, "prompt_embeds",
-            f"keyed by a SHA-256 of each block's rows ({_KCU}_gen_prompt_embeds_extra_hash_keys`), but "
-            "they cover the whole prompt where the spec embeds some positions, and need a model's tensors"),
+    Channel("prompt_embeds", "Request(prompt_embeds=tensor, prompt_is_token_ids=mask)", True, "prompt_embeds",
+            EMBEDS_CHANNEL),
     Channel("hash_fn", "CacheConfig.prefix_caching_hash_algo (get_hash_fn_by_name)", True, None,
             "the spec's `sha256` -> `sha256`, `xxh3_128` -> `xxhash`; `sha256_cbor` and `xxhash_cbor` "
             "have no spec counterpart, `weak8` none in vLLM (`UnsupportedConfig`)"),

@@ -105,9 +105,11 @@ from ..protocol.channels import Channel
 from . import _release
 from .vllm import CAPABILITIES as CAPABILITIES_0_33
 from .vllm import (
+    EMBEDS_CHANNEL,
     MAX_MODEL_LEN,
     SAMPLING_MAX_TOKENS,
     VllmRequests,
+    embeds_inputs,
     lora_path,
     opaque_key,
     seed_declaration,
@@ -160,6 +162,10 @@ class ReleaseInfo:
             hashes and placeholders of ``token_inputs``), ``""`` when the key has no multimodal
             field (0.6.5).
         prompt_embeds: ``Request`` takes ``prompt_embeds``.
+        embeds_mixed: ``Request`` takes ``prompt_is_token_ids`` and the key has a prompt-embeds
+            field (``_gen_prompt_embeds_extra_hash_keys``): the spec's embedded positions are sent
+            in vLLM's mixed form (0.21.0 on).
+        embeds_keyed: the key has a prompt-embeds field (0.11.1 on).
         lora_input: ``Request`` takes ``lora_request``.
         mm_caching_off: the release's engine turns prefix caching off for multimodal models
             (``vllm/engine/arg_utils.py`` says so).
@@ -188,6 +194,8 @@ class ReleaseInfo:
     seed_env: str = ""
     seed_source: str = ""
     events: bool = False
+    embeds_mixed: bool = False
+    embeds_keyed: bool = False
 
 
 def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
@@ -248,6 +256,7 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
     request_params = _params(mods["vllm.v1.request"].Request.__init__)
     sched_src = _scheduler_source(release.root)
     seeding = seed_declaration(utils, None)
+    embeds_keyed = hasattr(utils, "_gen_prompt_embeds_extra_hash_keys")
     return ReleaseInfo(
         version=release.version,
         config_ctor="kv_cache_config" in ctor,
@@ -267,6 +276,8 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         seed_env=seeding["seed_env"] or "",
         seed_source=seeding["seed_source"],
         events="enable_kv_cache_events" in ctor and hasattr(manager_cls, "take_events"),
+        embeds_mixed=embeds_keyed and "prompt_is_token_ids" in request_params,
+        embeds_keyed=embeds_keyed,
     )
 
 
@@ -302,7 +313,6 @@ def release_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
         "applies no LoRA (`vllm/v1/worker/gpu_model_runner.py`): V1 serves no LoRA request, so the "
         "spec's LoRA is not declared (LoRA came to V1 with its key, in 0.7.3)"
     )
-    not_yet = "not driven in the history yet: the release adapter sends no {what} (issue 34, part 1)"
     channels = [
         Channel("prompt_token_ids", "Request(prompt_token_ids=...)", True, None,
                 "every request's tokens, hashed per full block by the release's own code"),
@@ -341,9 +351,22 @@ def release_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
         else:
             off += ": a multimodal request would share blocks across images (*unexplained*: not yet judged)"
         channels.append(Channel("multi_modal_data", "token_inputs(multi_modal_data=...)", False, "mm", off))
-    if info.prompt_embeds:
+    if info.embeds_mixed:
+        channels.append(Channel("prompt_embeds", "Request(prompt_embeds=tensor, prompt_is_token_ids=mask)",
+                                True, "prompt_embeds", EMBEDS_CHANNEL))
+    elif info.prompt_embeds:
+        why = (
+            "the release takes embeddings for the whole prompt only (`Request` has no "
+            "`prompt_is_token_ids`, vLLM's mixed form comes in 0.21.0), where the spec embeds some "
+            "positions of a token prompt: not driven (whole-prompt embeddings are a form the generator "
+            "does not make yet)"
+            if info.embeds_keyed else
+            "the release's key has no prompt-embeds field (no `_gen_prompt_embeds_extra_hash_keys`), and "
+            "its engine turns prefix caching off with prompt embeddings (`vllm/engine/arg_utils.py`: "
+            "\"When prefix caching supports prompt embeds inputs\")"
+        )
         channels.append(Channel("prompt_embeds", "Request(prompt_embeds=tensor)", False, "prompt_embeds",
-                                not_yet.format(what="embeddings")))
+                                why))
     return tuple(channels)
 
 
@@ -379,9 +402,12 @@ def release_capabilities(info: ReleaseInfo) -> Capabilities:
         extras.add("cache_salt")
     if info.mm_input:
         extras.add("mm")
+    if info.embeds_mixed:
+        extras.add("prompt_embeds")
     return replace(
         CAPABILITIES_0_33,
         mm_placeholders=bool(info.mm_input),
+        embeds_placeholders=info.embeds_mixed,
         reset=info.reset,
         extras=frozenset(extras),  # type: ignore[arg-type]
         free_order=info.free_order,
@@ -556,6 +582,10 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
             "priority": 0,
         }
         values.update(self._mm_values(extras))
+        if extras.prompt_embeds is not None:
+            if not self.info.embeds_mixed:
+                raise UnsupportedConfig(f"vLLM {self.info.version} takes no partial prompt embeddings")
+            values.update(embeds_inputs(len(tokens), extras.prompt_embeds))
         if "inputs" in params:
             carried = ("multi_modal_hashes", "multi_modal_placeholders")
             mm_inputs = {k: values.pop(k) for k in carried if k in values}

@@ -122,7 +122,40 @@ def placeholder_cases(B: int) -> list[Case]:
         ("lookup", [*text_first[: 2 * B], 9], NO_EXTRAS),
         ("allocate", "b", [*text_first[: 2 * B], 9], NO_EXTRAS),
     ]
-    return [play(parent, parent_ops), play(prefix, prefix_ops)]
+    return [play(parent, parent_ops), play(prefix, prefix_ops), *embeds_placeholder_cases(B)]
+
+
+def embeds_placeholder_cases(B: int) -> list[Case]:
+    """Prompt embeddings in the placeholder form (each embedded position holds the placeholder
+    token), so engines that read no token id at an embedded position (vLLM's mixed prompts) are
+    judged on them too: the embedding alone tells two prompts apart, and an embedded position never
+    equals a token position holding the placeholder token."""
+    P = PLACEHOLDER_TOKEN
+    tokens = [*range(1, B + 1), 7, P, *range(20, 20 + B)]  # block 1 holds the embedded position B + 1
+
+    def embeds(data: bytes) -> Extras:
+        return Extras(prompt_embeds=PromptEmbeds((B + 1,), (data,)))
+
+    data = CaseBuilder(
+        f"extras/embeds-placeholder-data/b{B}", config=cfg(B, 16), profile="maximal", section="2.embeds",
+        description="Two embeddings at one position holding the placeholder token: the prompts share "
+        "only the blocks before it.",
+    )
+    data_ops: list[Op] = [
+        ("allocate", "a", tokens, embeds(b"\x01\x02")),
+        ("lookup", tokens, embeds(b"\x01\x03")),
+        ("allocate", "b", tokens, embeds(b"\x01\x03")),
+    ]
+    vs_token = CaseBuilder(
+        f"extras/embeds-placeholder-vs-token/b{B}", config=cfg(B, 16), profile="maximal", section="2.embeds",
+        description="An embedded position never equals a token position holding the placeholder token.",
+    )
+    vs_token_ops: list[Op] = [
+        ("allocate", "a", tokens, embeds(b"\x01\x02")),
+        ("lookup", tokens, NO_EXTRAS),
+        ("allocate", "b", tokens, NO_EXTRAS),
+    ]
+    return [play(data, data_ops), play(vs_token, vs_token_ops)]
 
 
 # ----- errors -------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from pagedprefix.spec import (
 from ..judging.driver import Outcome, Step
 from ..protocol import Capabilities
 from ..protocol.codec import Json, extras_from_json, extras_to_json
-from ..protocol.placeholders import placeholder_form
+from ..protocol.placeholders import form_of, placeholder_form
 
 ALPHABET = (1, 2, 3)
 FILLER = 7  # a token no other family uses: prompts of it evict without hitting
@@ -136,12 +136,13 @@ class Context:
 
     def request_form(self, tokens: Sequence[int], extras: Json) -> tuple[list[int], Json]:
         """A prompt as this engine may be sent it: in the placeholder form when it declares
-        ``mm_placeholders`` (:func:`pagedprefix.conformance.protocol.placeholders.placeholder_form`),
-        else as it is."""
-        if not self.caps.mm_placeholders:
+        ``mm_placeholders`` or ``embeds_placeholders``
+        (:func:`pagedprefix.conformance.protocol.placeholders.placeholder_form`), else as it is."""
+        form = form_of(self.caps)
+        if form is None:
             return list(tokens), extras
         parsed = extras_from_json(extras) if isinstance(extras, dict) else NO_EXTRAS
-        formed, new = placeholder_form(tokens, parsed)
+        formed, new = placeholder_form(tokens, parsed, form)
         return formed, _json_or_none(new)
 
     def allocate(self, draw: Draw, tokens: Sequence[int], extras: Json = None) -> Json | None:

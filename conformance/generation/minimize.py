@@ -34,7 +34,7 @@ from ..judging.model import EngineRun, SpecModel, adapter_capabilities, build_ad
 from ..judging.properties import Violation
 from ..protocol import AdapterFactory, Capabilities, UnsupportedConfig, close_adapter
 from ..protocol.codec import Json
-from ..protocol.placeholders import step_form_violation
+from ..protocol.placeholders import form_of, step_form_violation
 from ..protocol.watchdog import BudgetSpent
 from .vector_format import dumps, make_case, schema_version_of, spec_version
 
@@ -198,8 +198,9 @@ class Shrinker:
 
     def in_form(self, steps: list[Step]) -> bool:
         """Every request of ``steps`` is one the engine may be sent: in the placeholder form when
-        it declares ``mm_placeholders`` (:mod:`pagedprefix.conformance.protocol.placeholders`)."""
-        return not self.caps.mm_placeholders or all(step_form_violation(s) is None for s in steps)
+        it declares one (:mod:`pagedprefix.conformance.protocol.placeholders`)."""
+        form = form_of(self.caps)
+        return form is None or all(step_form_violation(s, form) is None for s in steps)
 
     def run(self) -> Replay | None:
         if not self.attempt(self.config, self.steps):

@@ -118,6 +118,7 @@ CAPABILITY_VERSIONS: Mapping[str, int] = {
     "group_free_order": 4,
     "same_step_state": 4,
     "mm_placeholders": 5,
+    "embeds_placeholders": 6,
     "event_removal": 6,
     "engine_keys": 6,
     "seed_env": 6,
@@ -171,6 +172,10 @@ class Capabilities:
             item's positions hold one placeholder token found nowhere else, and an identifier has
             one length): it is sent only prompts of that form
             (:mod:`pagedprefix.conformance.protocol.placeholders`; vLLM's multimodal processor).
+        embeds_placeholders: reads no token id at a position whose input is an embedding (vLLM's
+            mixed prompts: a sentinel token there, zeroed by its ``Request``): it is sent only
+            prompts whose embedded positions hold the placeholder token
+            (:mod:`pagedprefix.conformance.protocol.placeholders`, ``Form.embeds``).
         spells_extras: the adapter has ``spell_extras(extras) -> {kind: str}``, the strings its
             engine keys extra keys by (e.g. a LoRA's id string); the suite builds salts equal to
             them and to their concatenations, to find untyped aliasing.
@@ -245,6 +250,7 @@ class Capabilities:
     verify_tokens: bool = False
     spells_extras: bool = False
     mm_placeholders: bool = False
+    embeds_placeholders: bool = False
     groups: frozenset[str] = field(default=frozenset())
     retention: str = "replay"
     group_free_order: str = "group_major"

@@ -16,15 +16,22 @@ precondition of the engine's inputs, not a verdict:
 The generator sends only prompts of this form to such an engine (:func:`placeholder_form` turns any
 prompt into one), the minimizer keeps only candidates of this form, and a vector case outside it is
 skipped for such an engine with the reason (:func:`form_violation`).
+
+Prompt embeddings have the same form for an engine that reads no token id at a position whose input
+is an embedding (``Capabilities.embeds_placeholders``: vLLM's mixed prompts, where the frontend puts
+a sentinel token at each embedded position, from 0.29 zeroed by ``Request``): each embedded position
+holds :data:`PLACEHOLDER_TOKEN` (:class:`Form`); other positions may hold any token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from pagedprefix.spec import NO_EXTRAS, Extras, MultiModalItem, PrefixCacheError, check_extras
+from pagedprefix.spec import NO_EXTRAS, Extras, MultiModalItem, PrefixCacheError, PromptEmbeds, check_extras
 from pagedprefix.spec.extras import canonical_mm_items
 
+from . import Capabilities
 from .codec import Json, extras_from_json
 
 PLACEHOLDER_TOKEN = 0
@@ -44,27 +51,69 @@ def item_length(identifier: str) -> int:
     return 2 + len(identifier) % 3
 
 
-def form_violation(tokens: Sequence[int], extras: Extras) -> str | None:
-    """Why the prompt ``tokens`` with ``extras`` is not in the placeholder form, or ``None``."""
-    inside: set[int] = set()
-    for item in extras.mm_items:
-        if item.length != item_length(item.identifier):
-            return (
-                f"item {item.identifier!r} has length {item.length}; its identifier's length is "
-                f"{item_length(item.identifier)}"
-            )
-        inside.update(range(item.start, item.start + item.length))
+@dataclass(frozen=True)
+class Form:
+    """Which placeholder rules the prompts of an engine obey: ``mm`` (each item's positions hold
+    :data:`PLACEHOLDER_TOKEN`, no position outside the items and embeddings does, an identifier has
+    one length: ``Capabilities.mm_placeholders``) and ``embeds`` (each position whose input is an
+    embedding holds :data:`PLACEHOLDER_TOKEN`, and its embedding has at most
+    :data:`MAX_EMBED_BYTES` bytes: ``Capabilities.embeds_placeholders``)."""
+
+    mm: bool = True
+    embeds: bool = False
+
+    def requirement(self) -> str:
+        """What a vector case outside the form needs, for a skip reason."""
+        if self.mm and self.embeds:
+            return "multimodal keys by offset and length, token ids at embedded positions"
+        return "token ids at embedded positions" if self.embeds else "multimodal keys by offset and length"
+
+
+MM_FORM = Form()
+"""The form of ``mm_placeholders`` alone."""
+
+MAX_EMBED_BYTES = 1022
+"""The longest embedding (bytes) of the ``embeds`` form: what an adapter packs into one fixed-width
+row (two length bytes and the data), so that one block's rows never depend on another's."""
+
+
+def form_of(caps: Capabilities) -> Form | None:
+    """The form an engine's capabilities declare, or ``None`` (every prompt may be sent)."""
+    if not (caps.mm_placeholders or caps.embeds_placeholders):
+        return None
+    return Form(caps.mm_placeholders, caps.embeds_placeholders)
+
+
+def form_violation(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM) -> str | None:
+    """Why the prompt ``tokens`` with ``extras`` is not in ``form``, or ``None``."""
+    items: set[int] = set()
+    if form.mm:
+        for item in extras.mm_items:
+            if item.length != item_length(item.identifier):
+                return (
+                    f"item {item.identifier!r} has length {item.length}; its identifier's length is "
+                    f"{item_length(item.identifier)}"
+                )
+            items.update(range(item.start, item.start + item.length))
+    embedded: set[int] = set()
+    if form.embeds and extras.prompt_embeds is not None:
+        for data in extras.prompt_embeds.data:
+            if len(data) > MAX_EMBED_BYTES:
+                return f"an embedding of {len(data)} bytes (at most {MAX_EMBED_BYTES} in the form)"
+        embedded = set(extras.prompt_embeds.positions)
     for pos, token in enumerate(tokens):
-        if (pos in inside) != (token == PLACEHOLDER_TOKEN):
-            where = "inside an item" if pos in inside else "outside every item"
+        if pos in embedded and token != PLACEHOLDER_TOKEN:
+            return f"position {pos} is embedded but holds token {token}"
+        if form.mm and pos not in embedded and (pos in items) != (token == PLACEHOLDER_TOKEN):
+            where = "inside an item" if pos in items else "outside every item"
             return f"position {pos} {where} holds token {token}"
     return None
 
 
-def step_form_violation(step: Json) -> str | None:
+def step_form_violation(step: Json, form: Form = MM_FORM) -> str | None:
     """Why the request of one step (a vector or generated step: ``allocate`` or ``lookup`` with
-    ``tokens`` and JSON ``extras``) is not in the placeholder form; ``None`` for one that is, for
-    any other operation, and for malformed input (judged as such elsewhere)."""
+    ``tokens`` and JSON ``extras``) is not in ``form``; ``None`` for one that is, for any other
+    operation, and for malformed input (judged as such elsewhere)."""
     if not isinstance(step, dict) or step.get("op") not in ("allocate", "lookup"):
         return None
     tokens = step.get("tokens")
@@ -76,30 +125,40 @@ def step_form_violation(step: Json) -> str | None:
         check_extras(parsed, len(tokens))
     except (PrefixCacheError, TypeError, ValueError, KeyError, AttributeError):
         return None
-    return form_violation(tokens, parsed)
+    return form_violation(tokens, parsed, form)
 
 
-def placeholder_form(tokens: Sequence[int], extras: Extras) -> tuple[list[int], Extras]:
-    """``(tokens, extras)`` turned into the placeholder form: each item given its identifier's
-    length (dropped when it then reaches past the prompt or overlaps an earlier item), its positions
-    set to :data:`PLACEHOLDER_TOKEN`, and every other placeholder position set to :data:`OTHER_TOKEN`."""
+def placeholder_form(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM) -> tuple[list[int], Extras]:
+    """``(tokens, extras)`` turned into ``form``: with ``form.mm``, each item given its identifier's
+    length (dropped when it then reaches past the prompt or overlaps an earlier item); with
+    ``form.embeds``, each embedding cut to :data:`MAX_EMBED_BYTES`; the positions of the items and
+    embeddings set to :data:`PLACEHOLDER_TOKEN` and, with ``form.mm``, every other placeholder
+    position set to :data:`OTHER_TOKEN`."""
     n = len(tokens)
-    items: list[MultiModalItem] = []
-    end = 0
-    for item in canonical_mm_items(extras.mm_items):
-        length = item_length(item.identifier)
-        if item.start >= end and item.start + length <= n:
-            items.append(MultiModalItem(item.identifier, item.start, length))
-            end = item.start + length
-    inside = {p for item in items for p in range(item.start, item.start + item.length)}
+    items: tuple[MultiModalItem, ...] = extras.mm_items
+    inside: set[int] = set()
+    if form.mm:
+        kept: list[MultiModalItem] = []
+        end = 0
+        for item in canonical_mm_items(extras.mm_items):
+            length = item_length(item.identifier)
+            if item.start >= end and item.start + length <= n:
+                kept.append(MultiModalItem(item.identifier, item.start, length))
+                end = item.start + length
+        items = tuple(kept)
+        inside = {p for item in items for p in range(item.start, item.start + item.length)}
+    embeds = extras.prompt_embeds
+    if form.embeds and embeds is not None:
+        embeds = PromptEmbeds(embeds.positions, tuple(d[:MAX_EMBED_BYTES] for d in embeds.data))
+        inside.update(embeds.positions)
     out = [
-        PLACEHOLDER_TOKEN if pos in inside else (OTHER_TOKEN if t == PLACEHOLDER_TOKEN else t)
+        PLACEHOLDER_TOKEN if pos in inside else (OTHER_TOKEN if form.mm and t == PLACEHOLDER_TOKEN else t)
         for pos, t in enumerate(tokens)
     ]
-    return out, Extras(extras.lora, extras.cache_salt, tuple(items), extras.prompt_embeds)
+    return out, Extras(extras.lora, extras.cache_salt, items, embeds)
 
 
 __all__ = [
-    "OTHER_TOKEN", "PLACEHOLDER_TOKEN", "form_violation", "item_length", "placeholder_form",
-    "step_form_violation",
+    "MAX_EMBED_BYTES", "MM_FORM", "OTHER_TOKEN", "PLACEHOLDER_TOKEN", "Form", "form_of", "form_violation",
+    "item_length", "placeholder_form", "step_form_violation",
 ]

@@ -155,11 +155,32 @@ _EVENTS_LORA_NAME_ONLY = (
     "searched."
 )
 
+_EMBEDS_DECODE = (
+    "A lost hit found by this suite, not in the public record searched: the release keys every "
+    "block of a request with prompt embeddings by a SHA-256 of the block's rows of `prompt_embeds` "
+    "({where}: `request.prompt_embeds[start_token_idx:end_token_idx]`), also a block past the "
+    "prompt, whose slice is empty: a block the decode filled is keyed by the hash of an empty slice, "
+    "and a later prompt holding the same tokens and embeddings never hits it (the spec keys no "
+    "embedding on a block without an embedded position)."
+)
+
 _HITS = frozenset({"allocate", "lookup"})
 _FILLS = frozenset({"allocate", "append"})
 _WRONG_HIT = frozenset({"hit-other-content", "hit-more"})
 
 NOTES: tuple[Note, ...] = (
+    Note(
+        "embeds-decode-empty-slice",
+        (
+            Pattern(_HITS, frozenset({"hit-less"}), ()),
+            Pattern(frozenset({"allocate"}), frozenset({"refused-spec-succeeds"}), ()),
+        ),
+        "0.21.0",
+        "0.34.0",
+        _EMBEDS_DECODE,
+        "vllm/v1/core/kv_cache_utils.py",
+        r"request\.prompt_embeds\[start_token_idx:end_token_idx\]",
+    ),
     Note(
         "events-lora-id-crash",
         (Pattern(_FILLS, frozenset({"crashed"}), None),),

@@ -64,7 +64,7 @@ from ..judging.model import EngineRun, build_adapter
 from ..judging.properties import PROFILES, Violation
 from ..protocol import AdapterFactory, Capabilities, PrefixCacheAdapter, UnsupportedConfig, close_adapter
 from ..protocol.codec import ERROR_KINDS, Json, config_from_json, error_kind
-from ..protocol.placeholders import step_form_violation
+from ..protocol.placeholders import form_of, step_form_violation
 from ..protocol.watchdog import BudgetSpent
 
 __all__ = [
@@ -365,12 +365,12 @@ def unmet_requirements(case: dict[str, Json], caps: Capabilities, profile: str) 
             unmet.append("weak_hash")
         if config.get("verify_tokens") and not caps.verify_tokens:
             unmet.append("verify_tokens")
-    if caps.mm_placeholders:
+    form = form_of(caps)
+    if form is not None:
         for i, step in enumerate(case.get("steps", [])):
-            why = step_form_violation({k: v for k, v in step.items() if k != "expect"})
+            why = step_form_violation({k: v for k, v in step.items() if k != "expect"}, form)
             if why is not None:
-                form = f"not in the placeholder form (step {i}: {why})"
-                unmet.append(f"multimodal keys by offset and length: {form}")
+                unmet.append(f"{form.requirement()}: not in the placeholder form (step {i}: {why})")
                 break
     return unmet
 
