@@ -158,10 +158,12 @@ _EVENTS_LORA_NAME_ONLY = (
 _EMBEDS_DECODE = (
     "A lost hit found by this suite, not in the public record searched: the release keys every "
     "block of a request with prompt embeddings by a SHA-256 of the block's rows of `prompt_embeds` "
-    "({where}: `request.prompt_embeds[start_token_idx:end_token_idx]`), also a block past the "
-    "prompt, whose slice is empty: a block the decode filled is keyed by the hash of an empty slice, "
-    "and a later prompt holding the same tokens and embeddings never hits it (the spec keys no "
-    "embedding on a block without an embedded position)."
+    "({where}: `request.prompt_embeds[start_token_idx:end_token_idx]`), whether or not a position of "
+    "the block is embedded, and a block past the prompt by the hash of an empty slice. So blocks of "
+    "token positions only are never shared across that line: a text-only prompt does not hit the text "
+    "blocks before an embedding, and a later prompt with the same tokens and embeddings does not hit "
+    "the blocks the decode filled (the spec keys no embedding on a block without an embedded "
+    "position)."
 )
 
 _HITS = frozenset({"allocate", "lookup"})
@@ -171,9 +173,13 @@ _WRONG_HIT = frozenset({"hit-other-content", "hit-more"})
 NOTES: tuple[Note, ...] = (
     Note(
         "embeds-decode-empty-slice",
-        (
-            Pattern(_HITS, frozenset({"hit-less"}), ()),
-            Pattern(frozenset({"allocate"}), frozenset({"refused-spec-succeeds"}), ()),
+        tuple(
+            Pattern(ops, outcomes, differ)
+            for differ in ((), ("prompt_embeds",))
+            for ops, outcomes in (
+                (_HITS, frozenset({"hit-less"})),
+                (frozenset({"allocate"}), frozenset({"refused-spec-succeeds"})),
+            )
         ),
         "0.21.0",
         "0.34.0",
