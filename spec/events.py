@@ -92,13 +92,19 @@ def apply(index: Counter[GroupKey], event: Event) -> None:
             index[(event.group, key)] += 1
     else:
         for key in event.block_hashes:
-            gk = (event.group, key)
-            if index[gk] <= 0:
-                del index[gk]
-                raise ValueError(f"removal of key {key.hex()} (group {event.group}) that is not held")
+            gk = _held(index, event.group, key)
             index[gk] -= 1
             if index[gk] == 0:
                 del index[gk]
+
+
+def _held(index: Counter[GroupKey], group: int, key: bytes) -> GroupKey:
+    """``(group, key)``, which a removal names; ``ValueError`` when the index does not hold it."""
+    gk = (group, key)
+    if index[gk] <= 0:
+        del index[gk]
+        raise ValueError(f"removal of key {key.hex()} (group {group}) that is not held")
+    return gk
 
 
 def replay_events(events: Iterable[Event]) -> Counter[GroupKey]:
@@ -125,11 +131,7 @@ def apply_last_copy(index: Counter[GroupKey], event: Event) -> None:
             index[(event.group, key)] = 1
     else:
         for key in event.block_hashes:
-            gk = (event.group, key)
-            if index[gk] <= 0:
-                del index[gk]
-                raise ValueError(f"removal of key {key.hex()} (group {event.group}) that is not held")
-            del index[gk]
+            del index[_held(index, event.group, key)]
 
 
 def applier(removal: str) -> Callable[[Counter[GroupKey], Event], None]:
