@@ -763,13 +763,17 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
 
     def cached_keys(self) -> Counter[GroupKey]:
         """The release's index (``BlockPool.cached_block_hash_to_block``: a dict, or from 0.11 a
-        ``BlockHashToBlockMap`` with ``_cache``), blocks per key in the form its events publish."""
+        ``BlockHashToBlockMap`` with ``_cache``: one block or a dict of copies per key; from 0.34 one
+        block id per key and the copies of a duplicated key in ``_dup_ids``, the first included),
+        blocks per key in the form its events publish."""
         table = self._pool_obj().cached_block_hash_to_block
         items = table._cache.items() if hasattr(table, "_cache") else table.items()
+        copies_of: dict[Any, Any] = getattr(table, "_dup_ids", None) or {}  # 0.34: duplicates apart
         out: Counter[GroupKey] = Counter()
         for key, blocks in items:
             group, published = self._published(key)
-            out[(group, release_key(published))] += len(blocks) if isinstance(blocks, dict) else 1
+            copies = copies_of.get(key, blocks)
+            out[(group, release_key(published))] += len(copies) if isinstance(copies, dict) else 1
         return out
 
     def _published(self, key: Any) -> tuple[int, Any]:

@@ -166,11 +166,31 @@ _EMBEDS_DECODE = (
     "position)."
 )
 
+_NONE_HASH_INVERTED = (
+    "A published bug of the release: the root of every key is chosen the wrong way round ({where}: "
+    "`NONE_HASH = int.from_bytes(os.urandom(32), ...) if os.getenv('PYTHONHASHSEED') is not None "
+    "else sha256(os.getenv('PYTHONHASHSEED'))`), against its own comment (\"a random seed if "
+    "PYTHONHASHSEED is not set\"): with `PYTHONHASHSEED` set, two processes get different keys, so "
+    "the pinned seed reproduces nothing; without it, every process gets `sha256(None)`, the same "
+    "predictable root the random seed exists to avoid. Fixed by vllm-project/vllm#17088 (\"use random "
+    "for NONE_HASH only when PYTHONHASHSEED not set\", 0.8.5)."
+)
+
 _HITS = frozenset({"allocate", "lookup"})
 _FILLS = frozenset({"allocate", "append"})
 _WRONG_HIT = frozenset({"hit-other-content", "hit-more"})
 
 NOTES: tuple[Note, ...] = (
+    Note(
+        "none-hash-inverted",
+        (Pattern(frozenset({""}), frozenset({"seed-promise"})),),
+        "0.8.3",
+        "0.8.4",
+        _NONE_HASH_INVERTED,
+        "vllm/v1/core/kv_cache_utils.py",
+        r"^NONE_HASH = ",
+        ("https://github.com/vllm-project/vllm/pull/17088",),
+    ),
     Note(
         "embeds-decode-empty-slice",
         tuple(

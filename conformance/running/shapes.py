@@ -34,6 +34,7 @@ OUTCOMES: dict[str, str] = {
     "error-kind": r"the spec raises",
     "crashed": r"\) crashed: ",
     "event-alike": r"the keys differ, the events do not",
+    "seed-promise": r"two fresh (?:processes|instances)",
     "event": r"\bevent",
 }
 """Outcome name -> the pattern of the judge's message that names it (first match wins; else
