@@ -285,3 +285,12 @@ def test_the_embeds_precondition_excuses_the_token_ids_never_the_embedding(blind
     assert report.ok != blind, failing
     if blind:  # a lookup hits past the embedding (policy-hits), the shipped vectors hit its block
         assert "vectors: extras" in failing and failing & {"hit-content", "policy-hits"}, failing
+
+
+def test_the_embeds_form_drops_embeddings_past_the_prompt() -> None:
+    """A prompt shorter than an earlier one keeps only the embeddings inside it (an engine without
+    ``input_errors`` is never sent an invalid one: vLLM's ``prompt_embeds`` has no row there)."""
+    tokens, extras = placeholder_form([1], _embeds(0, 5), EMBEDS)
+    assert (tokens, extras.prompt_embeds) == ([P], spec.PromptEmbeds((0,), (b"\x01\x02",)))
+    tokens, extras = placeholder_form([1], _embeds(5), EMBEDS)
+    assert (tokens, extras.prompt_embeds) == ([1], None)

@@ -131,7 +131,8 @@ def step_form_violation(step: Json, form: Form = MM_FORM) -> str | None:
 def placeholder_form(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM) -> tuple[list[int], Extras]:
     """``(tokens, extras)`` turned into ``form``: with ``form.mm``, each item given its identifier's
     length (dropped when it then reaches past the prompt or overlaps an earlier item); with
-    ``form.embeds``, each embedding cut to :data:`MAX_EMBED_BYTES`; the positions of the items and
+    ``form.embeds``, each embedding cut to :data:`MAX_EMBED_BYTES` (dropped when it lies past the
+    prompt); the positions of the items and
     embeddings set to :data:`PLACEHOLDER_TOKEN` and, with ``form.mm``, every other placeholder
     position set to :data:`OTHER_TOKEN`."""
     n = len(tokens)
@@ -149,8 +150,11 @@ def placeholder_form(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM
         inside = {p for item in items for p in range(item.start, item.start + item.length)}
     embeds = extras.prompt_embeds
     if form.embeds and embeds is not None:
-        embeds = PromptEmbeds(embeds.positions, tuple(d[:MAX_EMBED_BYTES] for d in embeds.data))
-        inside.update(embeds.positions)
+        kept_embeds = [(p, d[:MAX_EMBED_BYTES]) for p, d in zip(embeds.positions, embeds.data) if p < n]
+        embeds = None
+        if kept_embeds:
+            embeds = PromptEmbeds(tuple(p for p, _ in kept_embeds), tuple(d for _, d in kept_embeds))
+            inside.update(embeds.positions)
     out = [
         PLACEHOLDER_TOKEN if pos in inside else (OTHER_TOKEN if form.mm and t == PLACEHOLDER_TOKEN else t)
         for pos, t in enumerate(tokens)
