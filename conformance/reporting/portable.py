@@ -2,7 +2,7 @@
 
 ``docs/HISTORY.md`` and ``docs/MATRIX.md`` quote what the engines raised, tracebacks included, and
 are committed: a traceback's file names (``/home/me/.cache/pagedprefix/vllm/0.9.0/vllm/...``, a
-checkout's ``/work/src/conformance/...``) would make them differ from machine to machine, and
+checkout's ``/home/me/src/conformance/...``) would make them differ from machine to machine, and
 leak the writer's paths. :func:`portable` keeps each file name from its package on.
 """
 
