@@ -179,3 +179,26 @@ def test_dense_retention_promises_a_fork_child_only_what_it_keyed(publish_parent
         else:
             cache.new_step()
     assert cache.lookup([3, 1, 8]) == (2 if publish_parent else 0)
+
+
+def test_the_minimizer_shrinks_one_full_group_to_a_valid_config() -> None:
+    """A drawn config of one full group (``groups=(full(2),)``, not hybrid) shrinks its block size
+    as the default config does, groups dropped: the candidate ``block_size=1`` with ``full(2)`` is
+    one the spec rejects (``InvalidConfig``), and replaying it used to raise out of the minimizer
+    (seen on a vLLM release's history run). A replay of a config the spec rejects is no
+    counterexample."""
+    from dataclasses import replace
+
+    from pagedprefix.conformance.generation.minimize import Found, Shrinker, replay
+    from pagedprefix.spec import CacheConfig, check_config, full
+
+    config = CacheConfig(block_size=2, num_blocks=6, groups=(full(2),))
+    steps = [{"op": "allocate", "request_id": "a", "tokens": [1, 2, 3]}]
+    found = Found("policy-hits", config, config, steps)  # type: ignore[arg-type]
+    shrinker = Shrinker(spec, found, "exact", frozenset(), spec(config).capabilities, 10)
+    smaller = list(shrinker._smaller_configs())
+    assert replace(config, block_size=1, groups=None) in smaller
+    for cand in smaller:
+        check_config(cand)  # every candidate is valid
+    invalid = replace(config, block_size=1)
+    assert replay(spec, invalid, steps, "exact", frozenset()).violation is None

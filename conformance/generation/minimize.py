@@ -26,7 +26,14 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from pagedprefix.spec import CacheConfig, PrefixCacheError, describe_groups, hash_granularity, is_hybrid
+from pagedprefix.spec import (
+    CacheConfig,
+    PrefixCacheError,
+    check_config,
+    describe_groups,
+    hash_granularity,
+    is_hybrid,
+)
 
 from ..judging.driver import Observation, Outcome, Step, describe_step
 from ..judging.judge import Lost, Renaming
@@ -119,6 +126,7 @@ def replay(
     violation. A config the engine does not support replays as "no violation". ``trace``: also
     record what each ``step()`` changed (:attr:`EngineRun.trace`)."""
     try:
+        check_config(config)  # a candidate the spec rejects is no counterexample
         adapter = build_adapter(factory, config)
     except (UnsupportedConfig, PrefixCacheError):  # a candidate config the engine rejects
         return Replay(None, [], [], None)
@@ -264,8 +272,8 @@ class Shrinker:
             return
         sizes = self.caps.block_sizes or tuple(range(1, c.block_size))
         for b in sizes:
-            if b < self.config.block_size:
-                yield replace(self.config, block_size=b)
+            if b < self.config.block_size:  # one full group: the default groups of the new size
+                yield replace(self.config, block_size=b, groups=None)
         if (self.config.free_order, self.config.dedup_on_full) != DEFAULT_POLICY:
             yield replace(self.config, free_order=DEFAULT_POLICY[0], dedup_on_full=DEFAULT_POLICY[1])
         if self.config.hash_algo != "sha256" or self.config.verify_tokens:
