@@ -82,6 +82,26 @@ def test_shape_without_steps_and_round_trip() -> None:
         shape_from_json({"op": 1})
 
 
+def test_a_shape_names_the_hybrid_groups_and_what_a_crash_raised() -> None:
+    """Two bugs that both crash a fill differ in what they raise and in the config's groups: a
+    shape keeps both, so a note for one never explains the other."""
+    groups = [{"kind": "full", "block_size": 4}, {"kind": "sliding", "block_size": 4, "window": 6}]
+    case = {
+        "config": {"block_size": 4, "groups": groups},
+        "steps": [{"op": "allocate", "request_id": "a", "tokens": [1, 2, 3, 4, 5]}],
+    }
+    message = "step 0: allocate(\"a\", [1, 2, 3, 4, 5]) crashed: AssertionError: "
+    shape = shape_of(case, message)
+    assert shape == Shape("allocate", "crashed", (), ("full(4)", "sliding(6,4)"), "AssertionError")
+    assert shape.describe() == "allocate, crashed, groups full(4) + sliding(6,4), raised AssertionError"
+    assert shape_from_json(json.loads(json.dumps(shape.to_json()))) == shape
+    single = {"config": {"block_size": 4, "groups": groups[:1]}, "steps": case["steps"]}
+    lora = shape_of(single, "step 0: allocate(...) crashed: AttributeError: no attribute 'id'")
+    assert (lora.groups, lora.raised) == ((), "AttributeError")
+    assert "groups" not in lora.to_json() and lora.to_json()["raised"] == "AttributeError"
+    assert shape_of(case, "step 0: allocate hit 1 tokens; the spec hits 0").raised == ""
+
+
 def test_a_vector_row_keeps_every_failing_case() -> None:
     """The report keeps every failing case of a row with its shape, not only the first."""
     case = _case("extras/lora-id-matters/b2")
