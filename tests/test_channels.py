@@ -11,6 +11,7 @@ import pytest
 import typer
 from pagedprefix.conformance.cli import _matrix_run
 from pagedprefix.conformance.protocol.channels import (
+    GROUPS,
     REQUEST,
     Channel,
     channels_of,
@@ -205,3 +206,35 @@ def test_channels_table_of_an_engine_not_run_and_of_none_declared() -> None:
     assert 'Channels: none declared (conformance/README.md, "Declaring channels").' in text
     assert channel_gaps(cells, {"a": (lora,)}) == []  # nothing ran: nothing to judge
     assert channel_gaps(cells, {"b": (lora,)}) != []
+
+
+GROUPS_CHANNEL = Channel(
+    "kv_cache_groups", "CacheConfig.groups", True, None, "hybrid configs: one group per spec group",
+    marker=GROUPS,
+)
+
+
+def _without_groups(config: object) -> object:
+    """A broken engine: it declares its groups channel driven but no hybrid group (so none is sent)."""
+    from dataclasses import replace
+
+    from pagedprefix.conformance.protocol.adapters import spec
+
+    adapter = spec(config)  # type: ignore[arg-type]
+    adapter.capabilities = replace(adapter.capabilities, groups=frozenset())
+    return adapter
+
+
+def test_groups_channel_is_reached_per_hybrid_engine_instance() -> None:
+    """The groups marker counts engine instances built for a hybrid config: the spec (which runs
+    every group kind) reaches its groups channel; an engine that declares the channel driven but
+    no group kind never does, and ``unreached`` names the channel."""
+    from pagedprefix.conformance.protocol.adapters import spec
+
+    assert GROUPS_CHANNEL.reach == GROUPS and GROUPS_CHANNEL.counts == "hybrid engine instances"
+    report = run_suite(spec, SMALL, "spec", extra_groups=[])
+    assert report.reached.get(GROUPS, 0) > 0
+    assert unreached([GROUPS_CHANNEL], report.reached) == []
+    broken = run_suite(_without_groups, SMALL, "without-groups", extra_groups=[])  # type: ignore[arg-type]
+    assert broken.reached.get(GROUPS, 0) == 0 and broken.reached[REQUEST] > 0
+    assert unreached([GROUPS_CHANNEL], broken.reached) == [GROUPS_CHANNEL]

@@ -17,6 +17,7 @@ from ..protocol import (
     close_adapter,
 )
 from ..protocol.adapters import SpecAdapter
+from ..protocol.channels import GROUPS, note_marker
 from ..protocol.codec import Json, config_to_json
 from .driver import (
     Observation,
@@ -247,6 +248,8 @@ def build_adapter(factory: AdapterFactory, config: CacheConfig) -> PrefixCacheAd
     what = f"the factory, for config {config_to_json(config)}"
     adapter: PrefixCacheAdapter = call_engine_raw(what, lambda: factory(config), start=True)
     adapter_capabilities(adapter)
+    if is_hybrid(config.groups, config.block_size):
+        note_marker(GROUPS)  # the engine's kv_cache_groups channel is reached (protocol.channels)
     return adapter
 
 

@@ -39,6 +39,10 @@ REQUEST = "request"
 SEED_ENV = "seed_env"
 """The reach marker of the engine's own seed variable (``Capabilities.seed_env``): noted once per
 fresh engine process that ``key-seeding`` starts with the variable set or removed."""
+GROUPS = "groups"
+"""The reach marker of an engine's hybrid KV-cache groups (``Capabilities.groups``): noted once per
+engine instance built for a config with hybrid groups (:func:`note_marker`, from the judge's
+``build_adapter``)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,12 @@ class Channel:
 
     @property
     def counts(self) -> str:
-        """What a reach of this channel counts: ``"fresh engine processes"`` (:data:`SEED_ENV`) or
-        ``"requests"``."""
-        return "fresh engine processes" if self.marker == SEED_ENV else "requests"
+        """What a reach of this channel counts: ``"fresh engine processes"`` (:data:`SEED_ENV`),
+        ``"hybrid engine instances"`` (:data:`GROUPS`) or ``"requests"``."""
+        return _COUNTS.get(self.marker or "", "requests")
+
+
+_COUNTS = {SEED_ENV: "fresh engine processes", GROUPS: "hybrid engine instances"}
 
 
 def check_channels(channels: Sequence[Channel]) -> tuple[Channel, ...]:
@@ -161,6 +168,6 @@ def unreached(channels: Sequence[Channel], reached: Mapping[str, int]) -> list[C
 
 
 __all__ = [
-    "REQUEST", "Channel", "channels_of", "check_channels", "declare_channels", "note_request", "recording",
-    "unreached",
+    "GROUPS", "REQUEST", "SEED_ENV", "Channel", "channels_of", "check_channels", "declare_channels",
+    "note_marker", "note_request", "recording", "unreached",
 ]
