@@ -91,8 +91,10 @@ def extras() -> list[Case]:
 def placeholder_cases(B: int) -> list[Case]:
     """Multimodal prompts in the placeholder form (:mod:`pagedprefix.conformance.protocol.placeholders`),
     so engines that key an item by its identifier alone are judged on them too: an item's key must
-    reach every later block through the parent key, and blocks before an item must be shared with a
-    text-only prompt of the same tokens."""
+    reach every later block through the parent key, blocks before an item must be shared with a
+    text-only prompt of the same tokens, and a block after an item that a decode fills must be keyed
+    as the same block of a prompt (vLLM up to 0.18 counted the block that starts where an item ends
+    as overlapping it, on the decode path only)."""
     P = PLACEHOLDER_TOKEN
     n1, n2 = "img-1", "img-2"
     L = item_length(n1)
@@ -122,7 +124,24 @@ def placeholder_cases(B: int) -> list[Case]:
         ("lookup", [*text_first[: 2 * B], 9], NO_EXTRAS),
         ("allocate", "b", [*text_first[: 2 * B], 9], NO_EXTRAS),
     ]
-    return [play(parent, parent_ops), play(prefix, prefix_ops), *embeds_placeholder_cases(B)]
+    decode = CaseBuilder(
+        f"extras/mm-placeholder-decode/b{B}", config=cfg(B, 16), profile="maximal", section="2.mm",
+        description="An image that ends on a block boundary, then a block a decode fills: a later prompt "
+        "with the same image and tokens hits that block (it holds no item, so its key is the same "
+        "whether a prompt or a decode filled it).",
+    )
+    assert L % B == 0  # the image ends on a block boundary
+    after = [P] * L + list(range(1, B))  # the image fills whole blocks; the next block lacks one token
+    decode_ops: list[Op] = [
+        ("allocate", "a", after, img(n1, 0)),
+        ("append", "a", [B]),
+        ("lookup", [*after, B, 9], img(n1, 0)),
+        ("allocate", "b", [*after, B, 9], img(n1, 0)),
+    ]
+    return [
+        play(parent, parent_ops), play(prefix, prefix_ops), play(decode, decode_ops),
+        *embeds_placeholder_cases(B),
+    ]
 
 
 def embeds_placeholder_cases(B: int) -> list[Case]:
