@@ -229,7 +229,9 @@ NOTES: dict[str, dict[str, str]] = {
         "every block of the prompt and is refused where the spec's admission fits.",
         "retention-adequacy": _VLLM_WINDOW_OF_ONE + " Here the sliding group keeps no block at the "
         "replay boundary (none is needed), so vLLM finds nothing to stop on and the resend hits 0.",
-        "event-index": "a real finding of vLLM 0.33's event format with hybrid groups: a sliding-window "
+        "event-index": "a published bug of vLLM 0.33's event format with hybrid groups "
+        "(vllm-project/vllm#44451, reported for Mamba align mode; fix proposed in vllm-project/vllm#44488, "
+        "`BlockStored.block_offsets`, open): a sliding-window "
         "(or chunked) group keys only some entries of a prompt (the replay tail; skipped entries are "
         "null blocks), and `BlockPool.cache_full_blocks` (`vllm/v1/core/block_pool.py`) leaves the "
         "skipped blocks out of `block_hashes` and `extra_keys` (\"Skip null/masked-out blocks to match "

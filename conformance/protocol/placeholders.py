@@ -3,8 +3,9 @@ by its identifier (and the tokens), not by where it lies and how long it is.
 
 The spec keys an item as ``(identifier, start - block_start, length)`` on each block it overlaps
 (SEMANTICS.md section 2), so two prompts with equal tokens and one image at two offsets never share
-a block. vLLM keys an item by its identifier alone up to 0.32 (``_gen_mm_extra_hash_keys``), and by
-``(identifier, offset - block start)`` from 0.33 on, never by its length, on a stated ground: its
+a block. vLLM keys an item by its identifier alone up to 0.18 (``_gen_mm_extra_hash_keys``), and by
+``(identifier, offset - block start)`` from 0.19 on (vllm-project/vllm#36708), never by its length,
+on a stated ground: its
 multimodal processor expands each item into placeholder tokens, so a prompt's tokens already say
 where every item lies, and an item's identifier (a hash of its content) fixes its length. An engine
 that declares ``Capabilities.mm_placeholders`` is judged on prompts of that form only -- a
