@@ -200,6 +200,63 @@ def test_mamba_groups_are_not_driven() -> None:
         _vllm().vllm(_hybrid((full(4), mamba(4)), 16))
 
 
+def test_mamba_through_the_manager_alone_writes_no_state_to_hit() -> None:
+    """Why Mamba groups are not driven, tried: vLLM's own manager over a full and a Mamba group
+    (``MambaSpec``, ``mamba_cache_mode="align"``, the only mode with prefix caching: the manager
+    refuses ``"all"``), one prefill per admission as the adapter drives it. The Mamba table holds
+    only the running state (null blocks before it), so a resend of the prompt hits 0 tokens, where
+    the spec keeps the state at the replay boundary (16) and hits it. vLLM writes that state only
+    because its scheduler splits the prefill there (``Scheduler._mamba_block_aligned_split``), so a
+    Mamba verdict through the manager would judge the adapter's scheduling, not vLLM."""
+    import torch
+
+    mods = _vllm().loaded().modules
+    iface, utils = mods["vllm.v1.kv_cache_interface"], mods["vllm.v1.core.kv_cache_utils"]
+
+    def manager(mode: str) -> object:
+        attention = iface.FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        state = iface.MambaSpec(block_size=4, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode=mode)
+        groups = [
+            iface.KVCacheGroupSpec(["layers.0.attn"], attention),
+            iface.KVCacheGroupSpec(["layers.1.mixer"], state),
+        ]
+        config = iface.KVCacheConfig(
+            num_blocks=41, kv_cache_tensors=[], kv_cache_groups=groups, prefix_cache_retention_interval=0
+        )
+        return mods["vllm.v1.core.kv_cache_manager"].KVCacheManager(
+            config, max_model_len=1024, scheduler_block_size=4, hash_block_size=4, enable_caching=True
+        )
+
+    with pytest.raises(AssertionError, match="align"):
+        manager("all")
+    m = manager("align")
+    hash_fn = mods["vllm.utils.hashing"].get_hash_fn_by_name("sha256")
+    utils.init_none_hash(hash_fn)
+    hasher = utils.get_request_block_hasher(4, hash_fn)
+
+    def request(rid: str, tokens: list[int]) -> object:
+        return mods["vllm.v1.request"].Request(
+            request_id=rid, prompt_token_ids=tokens, pooling_params=None, block_hasher=hasher,
+            sampling_params=mods["vllm.sampling_params"].SamplingParams(max_tokens=8),
+        )
+
+    prompt = list(range(1, 18))
+    first = request("a", prompt)
+    blocks, hit, _ = m.get_computed_blocks(first)  # type: ignore[attr-defined]
+    assert m.allocate_slots(first, len(prompt) - hit, hit, blocks, full_sequence_must_fit=True) is not None  # type: ignore[attr-defined]
+    first.num_computed_tokens = len(prompt)  # type: ignore[attr-defined]
+    assert m.get_block_ids("a")[1] == [0, 0, 0, 0, 6]  # type: ignore[attr-defined]  # null blocks, then the state
+    m.new_step_starts()  # type: ignore[attr-defined]
+    m.free(first)  # type: ignore[attr-defined]
+    assert m.get_computed_blocks(request("b", [*prompt, 99]))[1] == 0  # type: ignore[attr-defined]
+    config = _hybrid((full(4), mamba(4)), 41)
+    cache = create_cache(config)
+    cache.allocate("a", prompt)
+    cache.new_step()
+    cache.free("a")
+    assert cache.lookup([*prompt, 99]) == 16
+
+
 def test_events_map_onto_the_spec_events() -> None:
     """vLLM's own event objects, mapped (module docstring of engines/vllm.py): 64-bit keys as 8
     bytes, the LoRA name tagged from ``lora_name`` plus the untagged extra keys as published,

@@ -202,9 +202,9 @@ def _results() -> list[ReleaseResult]:
 def test_document_rows_and_check() -> None:
     results = _results()
     text = history.render_markdown(results)
-    assert "| 0.6.5 | FAIL | `atomic-failure` | a bug | `fork`, `channel mm_features` |" in text
-    assert "| 0.7.0 | PASS | - | - | `fork`, `channel mm_features` |" in text
-    assert "| 0.7.1 | not driven | - | not driven: no wheel: none | - |" in text
+    assert "| 0.6.5 | FAIL | single FAIL | `atomic-failure` | a bug | `fork`, `channel mm_features` |" in text
+    assert "| 0.7.0 | PASS | single pass | - | - | `fork`, `channel mm_features` |" in text
+    assert "| 0.7.1 | not driven | - | - | not driven: no wheel: none | - |" in text
     assert "1. allocate(1, [1, 2])" in text
     assert "- `mm_features`: not driven: not yet" in text
     assert "- `prompt_token_ids`: driven, reached by 10 requests: tokens" in text
@@ -216,6 +216,25 @@ def test_document_rows_and_check() -> None:
     assert problem.startswith("0.7.0: row")
     new = [ReleaseResult("0.8.0", "PASS", "exact")]
     assert history.check(new, text) == ["0.8.0: not in the committed history"]
+
+
+def test_families_column_says_which_family_fails() -> None:
+    """A release with events and hybrid groups: a case whose config has hybrid groups is the hybrid
+    family's (whatever its property), an ``event-*`` case of one group the events family's."""
+    hybrid = Shape("allocate", "event-tokens", (), ("full(4)", "sliding(6,4)"))
+    events = Shape("allocate", "event-alike", ("cache_salt",))
+    failing = [
+        {"name": "event-index", "cases": [_case("event-index", hybrid, "", "")]},
+        {"name": "vectors: extras", "cases": [
+            {**_case("event-extras", events, "", ""), "id": "extras/salt-vs-none/b2"},
+        ]},
+    ]
+    caps = {"events": True, "groups": ["chunked", "full", "sliding"]}
+    r = ReleaseResult("0.30.0", "FAIL", "exact", failing, caps)
+    assert history.family_verdicts(r) == "single pass, events FAIL, hybrid FAIL"
+    assert history.family_verdicts(replace(r, failing=[])) == "single pass, events pass, hybrid pass"
+    assert history.family_verdicts(replace(r, capabilities={"events": False, "groups": []})) == "single pass"
+    assert history.family_verdicts(replace(r, verdict="INCOMPLETE")) == "-"
 
 
 def test_every_failing_case_is_listed_under_its_own_explanation() -> None:
@@ -355,6 +374,103 @@ def test_release_channels_follow_the_release_code() -> None:
     assert channels["cache_salt"].driven and "multi_modal_data" not in channels
     caps = release_capabilities(later)
     assert {"mm", "cache_salt"} <= caps.extras and caps.mm_placeholders
+
+
+def test_release_groups_follow_the_release_code() -> None:
+    """Hybrid groups (issue 34 part 4) are declared where the release has its coordinator, with the
+    retention it can follow: none before its knob (every tail kept: the spec's ``dense``), the
+    config's through ``$VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` or ``KVCacheConfig``; events stay
+    off in hybrid configs where the release's engine turns the hybrid manager off for them."""
+    from pagedprefix.conformance.engines.vllm_release import (
+        HYBRID_EVENTS_OFF,
+        ReleaseInfo,
+        release_capabilities,
+        release_channels,
+    )
+    from pagedprefix.conformance.protocol.channels import GROUPS
+
+    before = ReleaseInfo("0.8.5", True, False, {"sha256": "sha256"}, "sha256", "", False, True, False,
+                         "append_all", False)
+    assert release_capabilities(before).groups == frozenset()
+    assert "kv_cache_groups" not in {c.name for c in release_channels(before)}
+    first = replace(before, version="0.9.1", groups=frozenset({"full", "sliding"}), events=True)
+    caps = release_capabilities(first)
+    assert caps.groups == {"full", "sliding"} and caps.retention == "dense"
+    channels = {c.name: c for c in release_channels(first)}
+    groups = channels["kv_cache_groups"]
+    assert groups.driven and groups.reach == GROUPS and "`SlidingWindowSpec`" in groups.reason
+    assert "ChunkedLocalAttentionSpec" not in groups.reason and "retention_interval" not in channels
+    assert HYBRID_EVENTS_OFF in groups.reason and "MambaSpec" in groups.reason
+    later = replace(first, version="0.30.0", groups=frozenset({"full", "sliding", "chunked"}),
+                    retention="config", hybrid_events=True)
+    assert release_capabilities(later).retention == "replay"
+    channels = {c.name: c for c in release_channels(later)}
+    assert "ChunkedLocalAttentionSpec" in channels["kv_cache_groups"].reason
+    assert HYBRID_EVENTS_OFF not in channels["kv_cache_groups"].reason
+    assert channels["retention_interval"].engine_input == "KVCacheConfig.prefix_cache_retention_interval"
+    env = {c.name: c for c in release_channels(replace(later, retention="env"))}
+    assert "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in env["retention_interval"].engine_input
+
+
+class _Pool:
+    queue: Any = None
+
+    def free_blocks(self, blocks: list[object], prepend: bool = False) -> None:
+        """Appends ``blocks``, or prepends them where the caller asks (0.23.0's signature)."""
+        if prepend:
+            self.queue.prepend_n(blocks)
+        else:
+            self.queue.append_n(blocks)
+
+
+class _Window:
+    def free(self, blocks: list[object]) -> None:
+        """0.23.0's own free path of a window group: blocks without a hash go to the head."""
+        cached = [b for b in blocks if b.block_hash is not None]  # type: ignore[attr-defined]
+        uncached = [b for b in blocks if b.block_hash is None]  # type: ignore[attr-defined]
+        _Pool().free_blocks(cached)
+        _Pool().free_blocks(uncached, prepend=True)
+
+
+class _Plain:
+    def free(self, blocks: list[object]) -> None:
+        _Pool().free_blocks(blocks)
+
+
+def test_window_free_order_is_read_from_the_window_group_free_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.23.0's sliding-window manager frees blocks without a hash to the head while its full groups
+    append all: read from the window manager's own free path, so a hybrid config declares ``other``."""
+    from pagedprefix.conformance.engines import vllm_release
+
+    pool = types.SimpleNamespace(BlockPool=_Pool)
+    for window, want in ((_Window, "unhashed_to_head"), (_Plain, "append_all")):
+        single = types.SimpleNamespace(SlidingWindowManager=window)
+        monkeypatch.setitem(sys.modules, "vllm.v1.core.single_type_kv_cache_manager", single)
+        assert vllm_release._window_free_order({"vllm.v1.core.block_pool": pool}) == want  # type: ignore[dict-item]
+    assert vllm_release._window_free_order({}) == ""
+
+
+def test_window_of_one_and_sparse_events_are_told_apart_by_their_groups() -> None:
+    """The hybrid notes match on the config's groups as written: a lost hit with a one-token
+    window is the documented difference, the same lost hit with a wider window is unexplained; a
+    run with more tokens than keys is the sparse-event bug only with a sliding or chunked group."""
+    from pagedprefix.conformance.reporting.history_notes import NOTES
+
+    def names(version: str, shape: Shape) -> list[str]:
+        return [n.name for n in NOTES if n.covers(version, shape)]
+
+    one = Shape("lookup", "hit-less", (), ("sliding(1,2)",))
+    assert names("0.20.0", one) == ["sliding-window-of-one"]
+    assert names("0.9.0", one) == []  # no coordinator yet: no hybrid run to explain
+    assert names("0.20.0", Shape("lookup", "hit-less", (), ("sliding(3,2)",))) == []
+    refused = Shape("allocate", "refused-spec-succeeds", (), ("full(2)", "sliding(1,2)"))
+    assert names("0.12.0", refused) == ["sliding-window-of-one"]
+    sparse = Shape("allocate", "event-tokens", (), ("full(4)", "sliding(6,4)"))
+    assert names("0.30.0", sparse) == ["events-sparse-token-ids"]
+    assert names("0.30.0", Shape("allocate", "event-tokens")) == []
+    crash = Shape("append", "crashed", (), (), "AttributeError")
+    assert names("0.10.1", crash) == ["events-lora-id-crash"]
+    assert names("0.10.1", replace(crash, raised="AssertionError")) == []
 
 
 def _utils(tmp_path: Path, name: str, source: str, **attrs: object) -> types.SimpleNamespace:

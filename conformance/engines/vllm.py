@@ -109,7 +109,9 @@ the spec). ``new_step`` =
 state only at the end of a scheduler step on a block boundary, and its replay-boundary checkpoint
 exists only because its scheduler splits the prefill there (``_mamba_block_aligned_split``, in the
 scheduler, not in the manager this adapter drives); driving the manager with one prefill per
-admission gives vLLM no point to write it, so a Mamba verdict would judge the adapter, not vLLM.
+admission gives vLLM no point to write it, so a Mamba verdict would judge the adapter, not vLLM
+(``tests/test_engines_vllm.py::test_mamba_through_the_manager_alone_writes_no_state_to_hit`` tries
+it: the resend of a 17-token prompt hits 0 tokens where the spec hits 16).
 
 KV-cache events (``vllm_with_events``, ``--engine vllm-events``)
 -----------------------------------------------------------------
@@ -171,6 +173,7 @@ from pagedprefix.spec.hybrid import config_groups
 from ..judging.event_check import UNTAGGED
 from ..protocol import UnsupportedConfig
 from ..protocol.adapters import NumberedEvents
+from ..protocol.channels import GROUPS as CHANNEL_GROUPS
 from ..protocol.channels import SEED_ENV as CHANNEL_SEED
 from ..protocol.channels import Channel, declare_channels
 from ..protocol.placeholders import MAX_EMBED_BYTES
@@ -706,9 +709,12 @@ _CHANNELS_COMMON: tuple[Channel, ...] = (
             "request flag, so it is left unset (the cache is read)"),
     Channel("kv_cache_groups", "KVCacheConfig.kv_cache_groups (BlockHashWithGroupId)", True, None,
             "hybrid configs: one `FullAttentionSpec` / `SlidingWindowSpec` / `ChunkedLocalAttentionSpec` "
-            "per group (`VllmHybridAdapter`); `MambaSpec` groups are not driven (module docstring)"),
+            "per group (`VllmHybridAdapter`); `MambaSpec` groups are not driven (module docstring): "
+            "through the manager alone, a prompt's state is never kept at its replay boundary and a "
+            "resend hits 0 (tests/test_engines_vllm.py tries it)",
+            marker=CHANNEL_GROUPS),
     Channel("prefix_cache_retention_interval", "KVCacheConfig.prefix_cache_retention_interval", True, None,
-            "hybrid configs: the spec's retention `replay` -> 0, `dense` -> `None`"),
+            "hybrid configs: the spec's retention `replay` -> 0, `dense` -> `None`", marker=CHANNEL_GROUPS),
 )
 """vLLM 0.33's inputs that affect a block's key, driven or not (both factories)."""
 

@@ -48,7 +48,7 @@ numbers:
   the release's source by the loader) with its identifier as the hash, passed as ``mm_features``
   (``MultiModalFeatureSpec``, 0.10.2 on), ``multi_modal_hashes`` / ``multi_modal_placeholders``
   (0.7.0 to 0.10.1.1; the processed model inputs, which the cache never reads, as ``None`` each) or
-  through ``token_inputs`` (0.6.6). vLLM keys an item by its identifier (and, from 0.33.0, its
+  through ``token_inputs`` (0.6.6). vLLM keys an item by its identifier (and, from 0.19.0, its
   offset in the block), never its length, on the ground that its processor gives every prompt the
   placeholder form: the release declares ``mm_placeholders`` and is sent only prompts of that form
   (:mod:`pagedprefix.conformance.protocol.placeholders`). A required parameter the adapter does not know
@@ -77,19 +77,46 @@ FAIL. KV-cache events are declared where the manager has them (0.9.0 on: ``enabl
 and ``take_events``): :meth:`ReleaseAdapter.take_events` maps the release's own event objects with
 the 0.33.0 adapter's :func:`~pagedprefix.conformance.engines.vllm.spec_event` (fields the release's
 ``BlockStored`` lacks read as absent) and :meth:`ReleaseAdapter.cached_keys` reads its
-``cached_block_hash_to_block`` in the form its events publish (:func:`release_key`). Hybrid groups
-are not declared here (the history's rows judge one full-attention group).
+``cached_block_hash_to_block`` in the form its events publish (:func:`release_key`).
+
+Hybrid groups
+-------------
+Where the release has ``HybridKVCacheCoordinator`` (0.9.1 on), a config with hybrid groups gets
+:class:`ReleaseHybridAdapter`: one ``KVCacheGroupSpec`` per group, of the release's own
+``FullAttentionSpec`` / ``SlidingWindowSpec`` / ``ChunkedLocalAttentionSpec`` (chunked from 0.10.0),
+``hash_block_size`` the gcd and ``scheduler_block_size`` the lcm of the groups' block sizes where the
+manager takes them, tables from ``get_block_ids`` (the null block as ``None``), the junction that
+``get_computed_blocks`` returns (0.26.0 on) kept on the request as the scheduler keeps it. What the
+release's code states, it is held to, and nothing else:
+
+- **Shapes it refuses.** The coordinator and manager assert their limits (0.9.1 to 0.11.x: one
+  block size, exactly one full-attention type and one other; 0.12.0 to 0.13.0: still two types):
+  such a config raises ``UnsupportedConfig`` with the release's own words, so a stateful example is
+  discarded and a vector case skipped with that reason (listed in the row).
+- **Retention** (:attr:`ReleaseInfo.retention`): ``KVCacheConfig.prefix_cache_retention_interval``
+  (0.29.0 on) or ``$VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` (0.23.0 to 0.28.0, set only while the
+  coordinator is built): the spec's ``replay`` -> 0, ``dense`` -> unset. Before, no knob: every full
+  block of every group is cached, and the adapter declares ``retention="dense"``.
+- **Events** (:attr:`ReleaseInfo.hybrid_events`): up to 0.19.1 the release's engine config turns the
+  hybrid manager off when KV-cache events are on, so a hybrid config is built with events off there
+  (events and hybrid groups together are not a combination those releases serve).
+- **Free order** (:attr:`ReleaseInfo.window_free_order`): where a window group's own free path
+  follows another policy than the full-attention one (0.23.0), a config with a window group
+  declares ``free_order="other"`` (judged at ``maximal``: neither spec policy holds across groups).
+- **Mamba** groups are not declared, for the 0.33.0 adapter's reason (the scheduler, not the
+  manager, writes a state at its boundary; ``tests/test_engines_vllm.py`` tries it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import re
 import types
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -97,9 +124,11 @@ from typing import Any
 from pagedprefix import spec
 from pagedprefix.spec.events import EventBatch, GroupKey
 from pagedprefix.spec.extras import canonical_mm_items
+from pagedprefix.spec.hybrid import config_groups
 
 from ..protocol import Capabilities, EngineUnavailable, UnsupportedConfig
 from ..protocol.adapters import NumberedEvents
+from ..protocol.channels import GROUPS as CHANNEL_GROUPS
 from ..protocol.channels import SEED_ENV as CHANNEL_SEED
 from ..protocol.channels import Channel
 from . import _release
@@ -174,6 +203,24 @@ class ReleaseInfo:
         seed_source: where the release's seeding promises come from, or why it makes none.
         events: the manager takes ``enable_kv_cache_events`` and has ``take_events`` (0.9.0 on):
             the release's own KV-cache event queue is driven and judged.
+        groups: the group kinds a hybrid config may have (``full``, ``sliding``, ``chunked``), where
+            the release has ``HybridKVCacheCoordinator`` (0.9.1 on): one ``KVCacheGroupSpec`` per
+            group of the release's own ``FullAttentionSpec`` / ``SlidingWindowSpec`` /
+            ``ChunkedLocalAttentionSpec``; empty before. Mamba groups are never declared (the
+            0.33.0 adapter's reason: their states are written by the scheduler).
+        retention: where the release reads the retention of sliding-window tails from:
+            ``"config"`` (``KVCacheConfig.prefix_cache_retention_interval``, 0.29.0 on), ``"env"``
+            (``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``, 0.23.0 to 0.28.0) or ``""`` (no knob: every
+            full block of every group is cached, the spec's ``dense``).
+        hybrid_events: the release publishes KV-cache events with hybrid groups. Up to 0.19.1 its
+            engine config turns the hybrid manager off when events are on (``vllm/config``: "Hybrid
+            KV cache manager is not compatible with KV events"), so a hybrid config is driven with
+            events off there: events with hybrid groups are not a combination the release serves.
+        window_free_order: the free order of a sliding-window group's own free path
+            (``SlidingWindowManager.free`` and ``remove_skipped_blocks``, read as :attr:`free_order`
+            is). Where it differs from :attr:`free_order` (0.23.0 prepends a window group's blocks
+            without a hash, its full groups append all), a hybrid config with a window group
+            follows neither spec policy across its groups: the adapter declares ``"other"``.
     """
 
     version: str
@@ -196,6 +243,57 @@ class ReleaseInfo:
     events: bool = False
     embeds_mixed: bool = False
     embeds_keyed: bool = False
+    groups: frozenset[str] = frozenset()
+    retention: str = ""
+    hybrid_events: bool = False
+    window_free_order: str = ""
+
+
+RETENTION_ENV = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+"""The variable 0.23.0 to 0.28.0 read the retention interval from (``vllm/envs.py``: unset is
+``None``, every tail kept)."""
+
+
+def _group_kinds(mods: dict[str, types.ModuleType]) -> frozenset[str]:
+    """The group kinds the release's ``HybridKVCacheCoordinator`` is driven with (:class:`ReleaseInfo`)."""
+    import sys
+
+    coordinator = sys.modules.get("vllm.v1.core.kv_cache_coordinator")
+    iface = mods.get("vllm.v1.kv_cache_interface")
+    if coordinator is None or iface is None or not hasattr(coordinator, "HybridKVCacheCoordinator"):
+        return frozenset()
+    kinds = {"full"}
+    for kind, name in (("sliding", "SlidingWindowSpec"), ("chunked", "ChunkedLocalAttentionSpec")):
+        if hasattr(iface, name):
+            kinds.add(kind)
+    return frozenset(kinds)
+
+
+def _window_free_order(mods: dict[str, types.ModuleType]) -> str:
+    """The free order of a sliding-window group's own free path (:attr:`ReleaseInfo.window_free_order`);
+    ``""`` where the release has no ``SlidingWindowManager`` or ``BlockPool``."""
+    import sys
+
+    single = sys.modules.get("vllm.v1.core.single_type_kv_cache_manager")
+    window = getattr(single, "SlidingWindowManager", None) if single is not None else None
+    pool = mods.get("vllm.v1.core.block_pool")
+    if window is None or pool is None or not hasattr(pool, "BlockPool"):
+        return ""
+    own = "".join(_source(getattr(window, name, None)) for name in ("free", "remove_skipped_blocks"))
+    return _free_order(own + _source(pool.BlockPool.free_blocks))
+
+
+def _retention_knob(mods: dict[str, types.ModuleType]) -> str:
+    """Where the release reads the retention interval from (:attr:`ReleaseInfo.retention`)."""
+    import sys
+
+    iface = mods.get("vllm.v1.kv_cache_interface")
+    config_cls: Any = getattr(iface, "KVCacheConfig", None)
+    names = {f.name for f in fields(config_cls)} if is_dataclass(config_cls) else set()
+    if "prefix_cache_retention_interval" in names:
+        return "config"
+    coordinator = sys.modules.get("vllm.v1.core.kv_cache_coordinator")
+    return "env" if coordinator is not None and RETENTION_ENV in _source(coordinator) else ""
 
 
 def _free_path_source(mods: dict[str, types.ModuleType]) -> str:
@@ -257,6 +355,7 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
     sched_src = _scheduler_source(release.root)
     seeding = seed_declaration(utils, None)
     embeds_keyed = hasattr(utils, "_gen_prompt_embeds_extra_hash_keys")
+    events = "enable_kv_cache_events" in ctor and hasattr(manager_cls, "take_events")
     return ReleaseInfo(
         version=release.version,
         config_ctor="kv_cache_config" in ctor,
@@ -275,10 +374,25 @@ def inspect_release(release: _release.Release) -> ReleaseInfo:
         mm_caching_off=_MM_CACHING_OFF in _read(release.root / "vllm" / "engine" / "arg_utils.py"),
         seed_env=seeding["seed_env"] or "",
         seed_source=seeding["seed_source"],
-        events="enable_kv_cache_events" in ctor and hasattr(manager_cls, "take_events"),
+        events=events,
         embeds_mixed=embeds_keyed and "prompt_is_token_ids" in request_params,
         embeds_keyed=embeds_keyed,
+        groups=_group_kinds(mods) if "kv_cache_config" in ctor else frozenset(),
+        retention=_retention_knob(mods),
+        hybrid_events=events and HYBRID_EVENTS_OFF not in _config_source(release.root),
+        window_free_order=_window_free_order(mods),
     )
+
+
+HYBRID_EVENTS_OFF = "Hybrid KV cache manager is not compatible with KV events"
+"""What the engine config of 0.9.1 to 0.19.1 says where it turns the hybrid manager off for events."""
+
+
+def _config_source(root: Path) -> str:
+    """The release's engine config (``vllm/config.py``, or the ``vllm/config`` package's files)."""
+    package = root / "vllm" / "config"
+    files = sorted(package.glob("*.py")) if package.is_dir() else [root / "vllm" / "config.py"]
+    return "".join(_read(f) for f in files)
 
 
 _MM_INPUTS = ("mm_features", "multi_modal_hashes")
@@ -367,6 +481,43 @@ def release_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
         )
         channels.append(Channel("prompt_embeds", "Request(prompt_embeds=tensor)", False, "prompt_embeds",
                                 why))
+    return (*channels, *_group_channels(info))
+
+
+def _group_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
+    """The release's hybrid KV-cache groups and the retention of their tails (0.9.1 on)."""
+    if not info.groups:
+        return ()
+    kinds = {
+        "full": "`FullAttentionSpec`",
+        "sliding": "`SlidingWindowSpec`",
+        "chunked": "`ChunkedLocalAttentionSpec`",
+    }
+    how = (
+        "hybrid configs: one `KVCacheGroupSpec` per group, of "
+        + " / ".join(kinds[k] for k in ("full", "sliding", "chunked") if k in info.groups)
+        + " (`HybridKVCacheCoordinator`); a config whose groups the release refuses (its own assertion) "
+        "is not sent. `MambaSpec` groups are not driven: their states are written by the scheduler, "
+        "not by the manager driven here (the 0.33.0 adapter's reason, which "
+        "tests/test_engines_vllm.py tries: through the manager alone a resend hits 0)"
+    )
+    if info.events and not info.hybrid_events:
+        how += (
+            f"; events are off in hybrid configs: the release's engine config turns the hybrid manager off "
+            f"when events are on (`vllm/config`: \"{HYBRID_EVENTS_OFF}\")"
+        )
+    channels = [
+        Channel("kv_cache_groups", "KVCacheConfig.kv_cache_groups", True, None, how, marker=CHANNEL_GROUPS)
+    ]
+    if info.retention:
+        where = (
+            "KVCacheConfig.prefix_cache_retention_interval" if info.retention == "config"
+            else f"${RETENTION_ENV} (read by the coordinator)"
+        )
+        channels.append(Channel("retention_interval", where, True, None,
+                                "hybrid configs: the spec's retention `replay` -> 0, `dense` -> unset "
+                                "(`None`)",
+                                marker=CHANNEL_GROUPS))
     return tuple(channels)
 
 
@@ -411,7 +562,8 @@ def release_capabilities(info: ReleaseInfo) -> Capabilities:
         reset=info.reset,
         extras=frozenset(extras),  # type: ignore[arg-type]
         free_order=info.free_order,
-        groups=frozenset(),
+        groups=info.groups,
+        retention="replay" if info.retention else "dense",
         events=info.events,
         engine_keys=True,
         seed_env=info.seed_env or None,
@@ -449,8 +601,13 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
     """One release's ``KVCacheManager`` seen through the spec's operations (module docstring)."""
 
     def __init__(self, config: spec.CacheConfig, release: _release.Release, info: ReleaseInfo) -> None:
-        if spec.is_hybrid(config.groups, config.block_size):
-            raise UnsupportedConfig("hybrid groups are not declared in the history rows")
+        self.hybrid = spec.is_hybrid(config.groups, config.block_size)
+        self.groups = config_groups(config)
+        if self.hybrid and not all(g.kind in info.groups for g in self.groups):
+            raise UnsupportedConfig(
+                f"vLLM {info.version} runs no hybrid group of kinds {sorted({g.kind for g in self.groups})} "
+                f"(declared: {sorted(info.groups) or 'none'})"
+            )
         algo = info.hash_names.get(config.hash_algo)
         if algo is None:
             raise UnsupportedConfig(
@@ -459,6 +616,16 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
         if config.verify_tokens:
             raise UnsupportedConfig("vLLM has no verify_tokens")
         self.capabilities = release_capabilities(info)
+        self.events_on = info.events and (info.hybrid_events or not self.hybrid)
+        if self.hybrid:  # the retention the release follows (ReleaseInfo.retention), its events
+            retention = config.retention if info.retention else "dense"
+            windows = any(g.kind in ("sliding", "chunked") for g in self.groups)
+            mixed = windows and info.window_free_order not in ("", info.free_order)
+            self.capabilities = replace(
+                self.capabilities, retention=retention, group_free_order="group_major", events=self.events_on,
+                free_order="other" if mixed else info.free_order,
+            )
+        self.retention = config.retention
         self.info = info
         mods = release.modules
         self._mods = mods
@@ -466,12 +633,14 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
         self._utils = mods["vllm.v1.core.kv_cache_utils"]
         self._lora_cls = mods["vllm.lora.request"].LoRARequest
         self._sampling_cls = mods["vllm.sampling_params"].SamplingParams
-        self.block_size = B = config.block_size
+        self.block_size = B = spec.hash_granularity(self.groups)
+        self.align = spec.hit_alignment(self.groups)
         self.num_blocks = config.num_blocks
         self._lora_ids: dict[tuple[str, int], int] = {}
         self._lookups = 0
         manager_cls = mods["vllm.v1.core.kv_cache_manager"].KVCacheManager
-        self.manager: Any = self._build(manager_cls, config.num_blocks + 1, algo)
+        build = self._build
+        self.manager: Any = self._refusing_groups(lambda: build(manager_cls, config.num_blocks + 1, algo))
         self.shift = 1 if getattr(self._pool_obj(), "null_block", None) is not None else 0
         if not self.shift:
             self.manager = self._build(manager_cls, config.num_blocks, algo)
@@ -492,6 +661,19 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
 
     # ----- construction -------------------------------------------------------------------------
 
+    def _refusing_groups(self, build: Callable[[], Any]) -> Any:
+        """``build()``; for a hybrid config, the release's own refusal of its groups (an assertion
+        or ``ValueError`` of its coordinator or manager: "exactly two types of groups", "only one
+        block size is supported for now", ...) is ``UnsupportedConfig`` with the release's words,
+        a limit the release states, not a failure."""
+        if not self.hybrid:
+            return build()
+        try:
+            return build()
+        except (AssertionError, ValueError, NotImplementedError) as exc:
+            words = str(exc).strip() or type(exc).__name__
+            raise UnsupportedConfig(f"vLLM {self.info.version} refuses these groups: {words}") from None
+
     def _build(self, manager_cls: Any, num_blocks: int, algo: str) -> Any:
         params = _params(manager_cls.__init__)
         B = self.block_size
@@ -506,11 +688,11 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
             "enable_caching": True,
             "log_stats": False,
             "hash_block_size": B,
-            "scheduler_block_size": B,
+            "scheduler_block_size": self.align,
             "num_preallocate_tokens": 0,
             "caching_hash_algo": algo,
             "sliding_window": None,
-            "enable_kv_cache_events": self.info.events,
+            "enable_kv_cache_events": self.events_on,
             "use_eagle": False,
         }
         for name, p in params.items():
@@ -524,6 +706,9 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
                 raise EngineUnavailable(
                     f"vllm {self.info.version}: KVCacheManager needs {name!r}, unknown here"
                 )
+        if self.hybrid and self.info.retention == "env":  # read once, by the coordinator's __init__
+            with _environ(RETENTION_ENV, "0" if self.retention == "replay" else None):
+                return manager_cls(**kwargs)
         return manager_cls(**kwargs)
 
     def _kv_cache_config(self, num_blocks: int) -> Any:
@@ -532,23 +717,35 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
         iface = self._mods.get("vllm.v1.kv_cache_interface")
         if iface is None:
             raise EngineUnavailable(f"vllm {self.info.version}: no vllm.v1.kv_cache_interface")
-        spec_values = {
-            "block_size": self.block_size,
-            "num_kv_heads": 1,
-            "head_size": 1,
-            "dtype": torch.float32,
-            "use_mla": False,
-            "sliding_window": None,
-        }
-        kv_spec = _construct(iface.FullAttentionSpec, spec_values, self.info.version)
-        group = iface.KVCacheGroupSpec(["model.layers.0.self_attn"], kv_spec)
+        kv_cache_groups = [
+            iface.KVCacheGroupSpec(
+                [f"model.layers.{i}.self_attn"], self._kv_cache_spec(iface, g, torch.float32)
+            )
+            for i, g in enumerate(self.groups)
+        ]
         cfg_values: dict[str, Any] = {
             "num_blocks": num_blocks,
             "kv_cache_tensors": [],
             "tensors": {},
-            "kv_cache_groups": [group],
+            "kv_cache_groups": kv_cache_groups,
         }
+        if self.hybrid and self.info.retention == "config":
+            cfg_values["prefix_cache_retention_interval"] = 0 if self.retention == "replay" else None
         return _construct(iface.KVCacheConfig, cfg_values, self.info.version)
+
+    def _kv_cache_spec(self, iface: Any, group: spec.KVCacheGroup, dtype: Any) -> Any:
+        """The release's ``KVCacheSpec`` of one group, its fields filled from the dataclass's own
+        field list (the head geometry only sizes tensors never allocated)."""
+        values: dict[str, Any] = {
+            "block_size": group.block_size, "num_kv_heads": 1, "head_size": 1, "dtype": dtype,
+            "use_mla": False, "sliding_window": None,
+        }
+        cls = iface.FullAttentionSpec
+        if group.kind == "sliding":
+            cls, values["sliding_window"] = iface.SlidingWindowSpec, group.window
+        elif group.kind == "chunked":
+            cls, values["attention_chunk_size"] = iface.ChunkedLocalAttentionSpec, group.chunk
+        return _construct(cls, values, self.info.version)
 
     def _pool_obj(self) -> Any:
         return self.manager.block_pool
@@ -659,6 +856,11 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
     def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
         return tuple(b.block_id - self.shift for b in self._blocks(vid))
 
+    def _refused(self, request: Any, held: int) -> spec.OutOfBlocks:
+        """A refusal of ``request`` that held ``held`` blocks (:class:`ReleaseHybridAdapter`: summed
+        over the groups)."""
+        return self._out_of_blocks(request, held)
+
     def _forget_hashes(self, request: Any) -> None:
         drop = getattr(self.manager, "free_block_hashes", None)
         if drop is not None:
@@ -669,6 +871,10 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
 
     def _computed(self, request: Any) -> tuple[Any, int]:
         result = self.manager.get_computed_blocks(request)
+        if isinstance(result, tuple) and len(result) == 3 and self.hybrid:
+            # The release's scheduler keeps the junction on the request (Scheduler.schedule:
+            # ``request.shared_prefix_boundary``), which cache_blocks then retains (0.26.0 on).
+            request.shared_prefix_boundary = result[2]
         if isinstance(result, tuple):
             blocks, hit = result[0], int(result[1])
         else:
@@ -687,9 +893,11 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
 
     # ----- operations -------------------------------------------------------------------------
 
-    def allocate(
-        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
-    ) -> spec.Allocation:
+    def _admit(
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras
+    ) -> tuple[str, int]:
+        """Admits a request as the release's scheduler does: its engine id and hit length; a
+        refusal of ``allocate_slots`` raises :meth:`_refused`."""
         vid = self._new_id(request_id)
         request = self._request(vid, tokens, extras)
         blocks, hit = self._computed(request)
@@ -706,16 +914,26 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
         new_blocks = self.manager.allocate_slots(request, new, **kwargs)
         if new_blocks is None:
             self._forget_hashes(request)
-            raise self._out_of_blocks(request, hit // self.block_size)
+            raise self._refused(request, hit // self.block_size)
         request.num_computed_tokens = request.num_tokens
         request.status = self._req_mod.RequestStatus.RUNNING
         self.requests[vid] = request
+        return vid, hit
+
+    def _grow(self, request: Any, tokens: Sequence[int], held: int) -> None:
+        """``tokens`` appended to ``request``, its slots grown as the release's scheduler does."""
+        grow = self.manager.append_slots if self._has_append_slots else self.manager.allocate_slots
+        self._append(request, tokens, grow, lambda: self._refused(request, held))
+
+    def allocate(
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.Allocation:
+        vid, hit = self._admit(request_id, tokens, extras)
         return spec.Allocation(hit, self._table(vid))
 
     def append(self, request_id: spec.RequestId, tokens: Sequence[int]) -> spec.AppendResult:
         vid, request = self._live(request_id)
-        grow = self.manager.append_slots if self._has_append_slots else self.manager.allocate_slots
-        self._append(request, tokens, grow, lambda: self._out_of_blocks(request, len(self._blocks(vid))))
+        self._grow(request, tokens, len(self._blocks(vid)))
         return spec.AppendResult((), self._table(vid))
 
     def lookup(self, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS) -> int:
@@ -757,8 +975,8 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
     def take_events(self) -> list[EventBatch]:
         """The release's queued events since the last call (``KVCacheManager.take_events``) as one
         batch numbered 0, 1, ... (none when it queued nothing), as the 0.33.0 adapter does."""
-        if not self.info.events:
-            raise NotImplementedError(f"vLLM {self.info.version} has no KV-cache events")
+        if not self.events_on:
+            raise NotImplementedError(f"vLLM {self.info.version} publishes no KV-cache events here")
         return self._numbered([spec_event(e, release_key) for e in self.manager.take_events()])
 
     def cached_keys(self) -> Counter[GroupKey]:
@@ -805,6 +1023,65 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
             self.manager.new_step_starts()
 
 
+class ReleaseHybridAdapter(ReleaseAdapter):
+    """A release's ``HybridKVCacheCoordinator`` over one pool, for a config with hybrid groups
+    (module docstring, "Hybrid groups"): one table per group, ``None`` for vLLM's null block."""
+
+    def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
+        null = 0 if self.shift else -1
+        return tuple(
+            tuple(None if b == null else b - self.shift for b in table)
+            for table in self.manager.get_block_ids(vid)
+        )
+
+    def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
+        return tuple(b for b in self._tables(vid)[0] if b is not None)
+
+    def _refused(self, request: Any, held: int) -> spec.OutOfBlocks:
+        """The blocks a request needs, summed over its groups (as the 0.33.0 hybrid adapter reports
+        a refusal: how many more it needed is not the release's to say)."""
+        total = sum(-(-request.num_tokens // g.block_size) for g in self.groups)
+        free = self.num_free_blocks()
+        return spec.OutOfBlocks(
+            None, free, self.num_blocks, total,
+            message=f"{self._refusing()}'s allocate_slots refused ({free} blocks free)",
+        )
+
+    def allocate(  # type: ignore[override]
+        self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
+    ) -> spec.HybridAllocation:
+        vid, hit = self._admit(request_id, tokens, extras)
+        return spec.HybridAllocation(hit, self._tables(vid))
+
+    def append(  # type: ignore[override]
+        self, request_id: spec.RequestId, tokens: Sequence[int]
+    ) -> spec.HybridAppendResult:
+        vid, request = self._live(request_id)
+        self._grow(request, tokens, 0)
+        return spec.HybridAppendResult((), self._tables(vid))
+
+    def block_tables(self, request_id: spec.RequestId) -> tuple[tuple[int | None, ...], ...]:
+        vid, _ = self._live(request_id)
+        return self._tables(vid)
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name]`` set to ``value`` (removed for ``None``) inside the block, restored after."""
+    old = os.environ.get(name)
+    try:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def _construct(cls: Any, values: dict[str, Any], version: str) -> Any:
     """``cls(**values)`` with only the fields ``cls`` declares (a dataclass's field list, else its
     constructor's parameters); a required field not in ``values`` raises ``EngineUnavailable``."""
@@ -842,6 +1119,8 @@ def release_factory(root: Path) -> Callable[[spec.CacheConfig], ReleaseAdapter]:
     release, info = load(root)
 
     def factory(config: spec.CacheConfig) -> ReleaseAdapter:
+        if spec.is_hybrid(config.groups, config.block_size):
+            return ReleaseHybridAdapter(config, release, info)
         return ReleaseAdapter(config, release, info)
 
     factory.capabilities = release_capabilities(info)  # type: ignore[attr-defined]

@@ -52,10 +52,13 @@ few minutes on a shared core): its suite stops itself then and reports what it j
 (``INCOMPLETE``); a worker still running :data:`~pagedprefix.conformance.running.supervise.BUDGET_SLACK`
 seconds later is killed, and the release is ``INCOMPLETE`` too."""
 
-CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.7.0", "0.7.2", "0.8.5", "0.10.1", "0.17.0", "0.33.0")
+CI_RELEASES: tuple[str, ...] = ("0.6.5", "0.7.0", "0.7.2", "0.8.5", "0.10.1", "0.17.0", "0.23.0", "0.33.0")
 """The fixed subset ``nox -s history`` checks: one per era of the API (the constructor before and
-after ``kv_cache_config``, the manager's own hashing, ``Request.block_hasher``, today's API) and of
-the multimodal channel (``multi_modal_hashes`` with the published bugs of 0.7.0, ``mm_features``)."""
+after ``kv_cache_config``, the manager's own hashing, ``Request.block_hasher``, today's API), of
+the multimodal channel (``multi_modal_hashes`` with the published bugs of 0.7.0, ``mm_features``)
+and of hybrid groups (one block size and two kinds: 0.10.1; any shape, no retention knob, events
+off: 0.17.0; the retention variable and a window group's own free order: 0.23.0; the retention
+field, events on: 0.33.0)."""
 
 
 @dataclass
@@ -164,6 +167,10 @@ def release_capabilities_json(info: Any) -> dict[str, Any]:
         "new_step": info.new_step,
         "scheduler_full_hit_pop": info.scheduler_pops_full_hit,
         "events": info.events,
+        "groups": sorted(info.groups),
+        "hybrid_events": info.hybrid_events,
+        "window_free_order": info.window_free_order or "none",
+        "retention": info.retention or "none",
     }
 
 
@@ -414,10 +421,36 @@ def not_judged_summary(r: ReleaseResult) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+FAMILIES: tuple[str, ...] = ("single", "events", "hybrid")
+"""The families of a row: one full-attention group, its KV-cache event stream, hybrid groups."""
+
+
+def family_of(case: dict[str, Any]) -> str:
+    """The family a failing case belongs to: ``hybrid`` when its config has hybrid groups (its
+    shape's ``groups``), else ``events`` for an ``event-*`` property, else ``single``."""
+    shape = case.get("shape") or {}
+    if shape.get("groups"):
+        return "hybrid"
+    return "events" if str(case.get("property", "")).startswith("event") else "single"
+
+
+def family_verdicts(r: ReleaseResult) -> str:
+    """``single FAIL, events pass, hybrid FAIL``: each family the release's code gives (events
+    where it publishes them, hybrid where it has the coordinator) and whether a case of it fails;
+    ``-`` for a release with no verdict."""
+    if r.verdict not in ("PASS", "FAIL"):
+        return "-"
+    judged = {"single": True, "events": bool(r.capabilities.get("events")),
+              "hybrid": bool(r.capabilities.get("groups"))}
+    failed = {family_of(c) for f in r.failing for c in cases_of(f)}
+    return ", ".join(f"{fam} {'FAIL' if fam in failed else 'pass'}" for fam in FAMILIES if judged[fam])
+
+
 def render_row(r: ReleaseResult) -> str:
     failing = ", ".join(f"`{f['name']}`" for f in r.failing) or "-"
     skipped = ", ".join(f"`{n}`" for n in not_judged_summary(r)) or "-"
-    return f"| {r.version} | {r.verdict} | {failing} | {_one_line(explanation(r))} | {skipped} |"
+    families = family_verdicts(r)
+    return f"| {r.version} | {r.verdict} | {families} | {failing} | {_one_line(explanation(r))} | {skipped} |"
 
 
 def _cases(ids: list[str]) -> str:
@@ -484,13 +517,21 @@ HEADER = [
     "release whose manager has one (0.9.0 on: `enable_kv_cache_events`, `take_events`), with the "
     "same run (`event-*` properties); key seeding in the release's own terms (`key-seeding`: fresh "
     "worker processes with `PYTHONHASHSEED` set or removed, as each release's `kv_cache_utils` "
-    "promises). One full-attention KV-cache group (the hybrid groups of 0.33.0 are judged in "
-    "`docs/MATRIX.md`). The last column lists what a row did not judge: each capability its code "
+    "promises). Hybrid KV-cache groups in every release with vLLM's `HybridKVCacheCoordinator` "
+    "(0.9.1 on): full, sliding-window and chunked-local groups through the release's own "
+    "`KVCacheSpec` classes, in the same run (one stateful example in two has hybrid groups, and the "
+    "hybrid vectors); a group shape the release's coordinator refuses (its own assertion: one block "
+    "size, exactly two kinds, ...) is not sent, and the vector cases it skips are listed; the "
+    "retention each release can follow (none before its retention knob: every tail is kept, the "
+    "spec's `dense`); events off in hybrid configs up to 0.19.1, whose engine turns the hybrid "
+    "manager off when events are on. The `families` column says which families (one full group, "
+    "its event stream, hybrid groups) the release gives and whether a case of each fails. The last "
+    "column lists what a row did not judge: each capability its code "
     "does not give (the properties and vector cases that need it are listed in its section) and "
     "each key channel not driven, with the reason in the section.",
     "",
-    "| version | verdict | failing | explanation | not judged |",
-    "|---|---|---|---|---|",
+    "| version | verdict | families | failing | explanation | not judged |",
+    "|---|---|---|---|---|---|",
 ]
 
 

@@ -21,15 +21,27 @@ from .history_fetch import version_key
 @dataclass(frozen=True)
 class Pattern:
     """A set of counterexample shapes (:class:`~pagedprefix.conformance.running.shapes.Shape`):
-    the departing operation among ``ops``, the outcome among ``outcomes``, and -- unless
-    ``extras_differ`` is ``None`` -- exactly these extra-key fields differing."""
+    the departing operation among ``ops``, the outcome among ``outcomes``, -- unless
+    ``extras_differ`` is ``None`` -- exactly these extra-key fields differing, for each regular
+    expression in ``groups`` a config group (as written: ``sliding(1,2)``) it matches, -- unless
+    ``hybrid`` is ``None`` -- a config with (``True``) or without (``False``) hybrid groups, and
+    -- unless ``raised`` is ``None`` -- a crash raising that type."""
 
     ops: frozenset[str]
     outcomes: frozenset[str]
     extras_differ: tuple[str, ...] | None = None
+    groups: tuple[str, ...] = ()
+    raised: str | None = None
+    hybrid: bool | None = None
 
     def matches(self, shape: Shape) -> bool:
         if shape.op not in self.ops or shape.outcome not in self.outcomes:
+            return False
+        if self.hybrid is not None and bool(shape.groups) != self.hybrid:
+            return False
+        if not all(any(re.search(p, g) for g in shape.groups) for p in self.groups):
+            return False
+        if self.raised is not None and shape.raised != self.raised:
             return False
         return self.extras_differ is None or shape.extras_differ == self.extras_differ
 
@@ -176,11 +188,121 @@ _NONE_HASH_INVERTED = (
     "for NONE_HASH only when PYTHONHASHSEED not set\", 0.8.5)."
 )
 
+_WINDOW_OF_ONE = (
+    "A real difference, not a published bug, only for a sliding window of one token (`W = 1`: each "
+    "query attends to itself, so a hit needs `cdiv(W - 1, B) = 0` blocks of the group and the spec's "
+    "lookup is valid at every boundary, SEMANTICS.md section 8): the release's "
+    "`SlidingWindowManager.find_longest_cache_hit` ({where}) stops only on a cached block, so with "
+    "none at the boundary it reports no hit (sound, not maximal), and an admission that counts no "
+    "hit needs every block of its prompt. No released model has `W = 1`; the 0.33.0 rows of "
+    "docs/MATRIX.md state the same difference."
+)
+_EVENTS_SPARSE_TOKENS = (
+    "A published bug of the release's event format with hybrid groups: a sliding-window (or chunked) "
+    "group keys only some entries of a prompt (the others are null blocks, skipped by a hit or by "
+    "the window, or masked out by sparse retention), and `BlockPool.cache_full_blocks` leaves them "
+    "out of `block_hashes` but not out of `token_ids` ({where}), which still spans every block from "
+    "the first uncached one: a subscriber cannot tell which tokens each key holds, nor place the run. "
+    "Reported as vllm-project/vllm#44451 (\"BlockStored token_ids can span skipped ... blocks while "
+    "block_hashes omit them\", for Mamba align mode; the same code path for sliding windows), with a "
+    "fix proposed in vllm-project/vllm#44488 (`BlockStored.block_offsets`), open in the public record "
+    "searched."
+)
+_MM_DECODE_BOUNDARY = (
+    "A lost hit of the release, published: the block that starts where an item ends counts as "
+    "overlapping it when a decode fills it, because the key of a decode-filled block is generated "
+    "from the last item on (`curr_mm_idx = -1`) and the overlap test is off by one ({where}: "
+    "`start_token_idx > offset + length` where the block has passed the item at `>=`). A prompt "
+    "hashes that block from the first item, finds it past the item and gives it no item key, so a "
+    "later prompt with the same image and tokens never hits the block a decode filled (vector "
+    "`extras/mm-placeholder-decode`). The off-by-one fix was proposed in vllm-project/vllm#36622 "
+    "(\"Fix off-by-one in multimodal prefix cache hash boundary check\", closed) and landed with "
+    "vllm-project/vllm#36708 (\"disambiguate multimodal prefix cache keys\", `>=` and the item's "
+    "offset in the key) in 0.19.0, which passes."
+)
+_CHUNKED_NULL_PARENT = (
+    "A published bug of the release: a chunked-local group's hit holds null blocks before the current "
+    "chunk, and `BlockPool.cache_full_blocks` chains a new block's key from the block before it "
+    "({where}: `assert prev_block.block_hash is not None`), so an admission that hits past a chunk "
+    "boundary crashes. Reported as vllm-project/vllm#21992 (the same traceback, Llama 4's chunked "
+    "attention with the hybrid manager); a fix was proposed in vllm-project/vllm#22209 (closed), and "
+    "0.10.1 no longer chains from the block (keys come from `request.block_hashes`)."
+)
+_CHUNKED_KEEPS_LAST = (
+    "A choice of the release, stated in its code, that holds one block more than the spec: a "
+    "chunked-local group keeps the last cached block of a request even when it lies before the "
+    "current chunk ({where}: \"Make sure we don't delete the last cached block\", kept to chain "
+    "the next block's key), so a decode that crosses a chunk boundary releases one block fewer and "
+    "allocates the next one elsewhere. Memory held, not a wrong hit. Removed by "
+    "vllm-project/vllm#25431 (\"Unify `remove_skipped_blocks` by `get_last_useful_token`\", "
+    "0.11.1), which passes."
+)
 _HITS = frozenset({"allocate", "lookup"})
 _FILLS = frozenset({"allocate", "append"})
 _WRONG_HIT = frozenset({"hit-other-content", "hit-more"})
 
 NOTES: tuple[Note, ...] = (
+    Note(
+        "mm-decode-boundary",
+        (Pattern(_HITS, frozenset({"hit-less"}), (), hybrid=False),),
+        "0.6.6",
+        "0.18.1",
+        _MM_DECODE_BOUNDARY,
+        "vllm/v1/core/kv_cache_utils.py",
+        r"if start_token_idx > offset \+ length:",
+        (
+            "https://github.com/vllm-project/vllm/pull/36622",
+            "https://github.com/vllm-project/vllm/pull/36708",
+        ),
+    ),
+    Note(
+        "chunked-null-parent",
+        (Pattern(_FILLS, frozenset({"crashed"}), None, (r"^chunked\(",), "AssertionError"),),
+        "0.10.0",
+        "0.10.0",
+        _CHUNKED_NULL_PARENT,
+        "vllm/v1/core/block_pool.py",
+        r"assert prev_block\.block_hash is not None",
+        (
+            "https://github.com/vllm-project/vllm/issues/21992",
+            "https://github.com/vllm-project/vllm/pull/22209",
+        ),
+    ),
+    Note(
+        "chunked-keeps-last-block",
+        (Pattern(frozenset({"append"}), frozenset({"tables"}), None, (r"^chunked\(",)),),
+        "0.10.0",
+        "0.11.0",
+        _CHUNKED_KEEPS_LAST,
+        "vllm/v1/core/single_type_kv_cache_manager.py",
+        r"Make sure we don't delete the last cached block",
+        ("https://github.com/vllm-project/vllm/pull/25431",),
+    ),
+    Note(
+        "sliding-window-of-one",
+        (
+            Pattern(_HITS, frozenset({"hit-less", "retention-promise"}), None, (r"^sliding\(1,",)),
+            Pattern(frozenset({"allocate"}), frozenset({"refused-spec-succeeds"}), None, (r"^sliding\(1,",)),
+        ),
+        "0.9.1",
+        "0.34.0",
+        _WINDOW_OF_ONE,
+        "vllm/v1/core/single_type_kv_cache_manager.py",
+        r"match_found = True",
+    ),
+    Note(
+        "events-sparse-token-ids",
+        (Pattern(_FILLS, frozenset({"event-tokens"}), None, (r"^(sliding|chunked)\(",)),),
+        "0.20.0",
+        "0.34.0",
+        _EVENTS_SPARSE_TOKENS,
+        "vllm/v1/core/block_pool.py",
+        r"# Skip null",
+        (
+            "https://github.com/vllm-project/vllm/issues/44451",
+            "https://github.com/vllm-project/vllm/pull/44488",
+        ),
+    ),
     Note(
         "none-hash-inverted",
         (Pattern(frozenset({""}), frozenset({"seed-promise"})),),
@@ -209,7 +331,7 @@ NOTES: tuple[Note, ...] = (
     ),
     Note(
         "events-lora-id-crash",
-        (Pattern(_FILLS, frozenset({"crashed"}), None),),
+        (Pattern(_FILLS, frozenset({"crashed"}), None, raised="AttributeError"),),
         "0.9.0",
         "0.11.0",
         _EVENTS_LORA_ID_CRASH,

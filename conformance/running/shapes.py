@@ -42,6 +42,7 @@ OUTCOMES: dict[str, str] = {
     "seed-promise": r"two fresh (?:processes|instances)",
     "retention-promise": r"; retention=\w+ promises \d+",
     "event-tokens": r"published BlockStored of \d+ keys with \d+ tokens",
+    "tables": r"block_tables?: engine ",
     "event": r"\bevent",
 }
 """Outcome name -> the pattern of the judge's message that names it (first match wins; else
