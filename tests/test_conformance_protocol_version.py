@@ -87,13 +87,13 @@ def test_only_later_capabilities_left_at_default_are_named() -> None:
     named = set(re.findall(r"(\w+) \(v\d\)", line))
     later = {"events", "groups", "retention", "group_free_order", "same_step_state", "mm_placeholders",
              "embeds_placeholders", "event_removal", "engine_keys", "seed_env", "seed_pinned",
-             "seed_unpinned", "seed_source"}
+             "seed_unpinned", "seed_source", "embeds_whole"}
     assert named == later
     # every later capability declared away from its default: the line names none, still warns
     declared = Capabilities(events=True, groups=frozenset({"full"}), retention="dense",
                             group_free_order="reversed_concat", same_step_state="miss", mm_placeholders=True,
                             embeds_placeholders=True, event_removal="last_copy", engine_keys=True,
-                            seed_env="SEED",
+                            seed_env="SEED", embeds_whole=True,
                             seed_pinned="equal", seed_unpinned="differ", seed_source="its docs",
                             protocol_version=3)
     line = protocol_warning(declared)

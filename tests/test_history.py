@@ -376,6 +376,31 @@ def test_release_channels_follow_the_release_code() -> None:
     assert {"mm", "cache_salt"} <= caps.extras and caps.mm_placeholders
 
 
+def test_whole_prompt_embeddings_are_driven_where_the_key_reads_them() -> None:
+    """0.11.1 to 0.20.2 key prompt embeddings but take them for a whole prompt only: the channel is
+    driven in the whole form (``embeds_whole``); 0.21.0 on, the mixed form; 0.11.0 (no key field)
+    says why not."""
+    from pagedprefix.conformance.engines.vllm_release import (
+        ReleaseInfo,
+        release_capabilities,
+        release_channels,
+    )
+
+    base = ReleaseInfo("0.11.0", True, True, {"sha256": "sha256"}, "sha256", "id", True, True, False,
+                       "append_all", False, prompt_embeds=True)
+    assert not base.embeds_whole and "prompt_embeds" not in release_capabilities(base).extras
+    assert not {c.name: c for c in release_channels(base)}["prompt_embeds"].driven
+    whole = replace(base, version="0.15.0", embeds_keyed=True)
+    caps = release_capabilities(whole)
+    assert whole.embeds_whole and caps.embeds_whole and caps.embeds_placeholders
+    assert "prompt_embeds" in caps.extras
+    channel = {c.name: c for c in release_channels(whole)}["prompt_embeds"]
+    assert channel.driven and channel.engine_input == "Request(prompt_token_ids=None, prompt_embeds=tensor)"
+    mixed = replace(whole, version="0.21.0", embeds_mixed=True)
+    caps = release_capabilities(mixed)
+    assert not mixed.embeds_whole and not caps.embeds_whole and caps.embeds_placeholders
+
+
 def test_release_groups_follow_the_release_code() -> None:
     """Hybrid groups (issue 34 part 4) are declared where the release has its coordinator, with the
     retention it can follow: none before its knob (every tail kept: the spec's ``dense``), the

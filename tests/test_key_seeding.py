@@ -53,7 +53,7 @@ ENGINES = textwrap.dedent(
             self.capabilities = replace(
                 self.inner.capabilities, keys=False, engine_keys=True, seed_env="PPTEST_KEY_SEED",
                 seed_pinned=promise[0], seed_unpinned=promise[1], seed_source="tests: seed_engines",
-                protocol_version=6,
+                protocol_version=7,
             )
 
         def __getattr__(self, name):

@@ -246,9 +246,10 @@ def test_vector_cases_outside_the_embeds_form_are_skipped_with_the_reason() -> N
     assert unmet_requirements(case, Capabilities(), "exact") == []
 
 
-def _embeds_engine(blind: bool) -> Any:
-    """The spec declaring ``embeds_placeholders``; ``blind`` drops the embeddings from the key (an
-    engine that reads neither the token id nor the embedding at an embedded position)."""
+def _embeds_engine(blind: bool, whole: bool = False, seen: list[Extras] | None = None) -> Any:
+    """The spec declaring ``embeds_placeholders`` (and ``embeds_whole`` with ``whole``); ``blind``
+    drops the embeddings from the key (an engine that reads neither the token id nor the embedding
+    at an embedded position); ``seen`` collects the extras of every request with embeddings."""
     from pagedprefix.conformance.protocol.adapters import SpecAdapter, spec_capabilities
 
     class Embeds(SpecAdapter):  # type: ignore[misc]
@@ -258,6 +259,8 @@ def _embeds_engine(blind: bool) -> Any:
             return extras
 
         def allocate(self, request_id: Any, tokens: Any, extras: Extras = spec.NO_EXTRAS) -> Any:
+            if seen is not None and isinstance(extras, Extras) and extras.prompt_embeds is not None:
+                seen.append(replace(extras, lora=None, cache_salt=f"{len(tokens)}"))
             return super().allocate(request_id, tokens, self._key_of(tokens, extras))
 
         def lookup(self, tokens: Any, extras: Extras = spec.NO_EXTRAS) -> int:
@@ -266,7 +269,9 @@ def _embeds_engine(blind: bool) -> Any:
     def factory(config: spec.CacheConfig) -> Any:
         adapter = Embeds(config)
         caps = spec_capabilities(config, groups=False)
-        adapter.capabilities = replace(caps, embeds_placeholders=True, input_errors=False, keys=False)
+        adapter.capabilities = replace(
+            caps, embeds_placeholders=True, embeds_whole=whole, input_errors=False, keys=False
+        )
         return adapter
 
     return factory
@@ -294,3 +299,45 @@ def test_the_embeds_form_drops_embeddings_past_the_prompt() -> None:
     assert (tokens, extras.prompt_embeds) == ([P], spec.PromptEmbeds((0,), (b"\x01\x02",)))
     tokens, extras = placeholder_form([1], _embeds(5), EMBEDS)
     assert (tokens, extras.prompt_embeds) == ([1], None)
+
+
+WHOLE = Form(mm=False, embeds=True, whole=True)
+
+
+def test_the_whole_form_embeds_every_position_or_none() -> None:
+    """vLLM 0.11.1 to 0.20.2 take embeddings for a whole prompt only: a prompt with embeddings is
+    embedded at every position (a position that held a token gets that token's bytes, so prompts
+    that differed in a token still differ), with no multimodal item; one without stays as it is."""
+    tokens, extras = placeholder_form([5, 6, 7], _embeds(1), WHOLE)
+    assert tokens == [P, P, P]
+    assert extras.prompt_embeds == spec.PromptEmbeds((0, 1, 2), (b"t5", b"\x01\x02", b"t7"))
+    assert form_violation(tokens, extras, WHOLE) is None
+    partial = form_violation([P, P, 7], _embeds(1), WHOLE)
+    assert partial == "embeddings at 1 of 3 positions (the whole prompt or none)"
+    with_item = Extras(mm_items=(_item("img-1", 0),), prompt_embeds=extras.prompt_embeds)
+    assert form_violation(tokens, with_item, WHOLE) == "multimodal items with prompt embeddings"
+    assert placeholder_form(tokens, with_item, WHOLE)[1].mm_items == ()
+    assert placeholder_form([5, 6], Extras(), WHOLE) == ([5, 6], Extras())
+    assert form_of(Capabilities(embeds_placeholders=True, embeds_whole=True)) == Form(False, True, True)
+    assert form_of(Capabilities(embeds_whole=True)) is None  # whole is a kind of the embeds form
+    assert WHOLE.requirement() == "token ids at embedded positions, prompt embeddings for part of a prompt"
+
+
+@pytest.mark.parametrize("blind", [False, True], ids=["keys-embeddings", "ignores-embeddings"])
+def test_a_whole_prompt_engine_is_sent_only_whole_prompts(blind: bool) -> None:
+    """An engine declaring ``embeds_whole`` is sent embeddings only for whole prompts (the generator
+    and the minimizer keep to the form, the partial vector cases are skipped), and still FAILs when
+    it does not key them."""
+    from pagedprefix.conformance.running.suite import SuiteOptions, run_suite
+
+    seen: list[Extras] = []
+    options = SuiteOptions(max_examples=150)
+    report = run_suite(_embeds_engine(blind, True, seen), options, "whole", extra_groups=[])
+    assert report.reached.get("prompt_embeds", 0) > 0 and seen
+    for extras in seen:
+        assert extras.prompt_embeds is not None and not extras.mm_items
+        assert extras.prompt_embeds.positions == tuple(range(int(extras.cache_salt)))
+    failing = {r.name for r in report.rows if r.status == "fail"}
+    assert report.ok != blind, failing
+    skipped = " ".join(r.detail for r in report.rows if r.name == "vectors: extras")
+    assert "prompt embeddings for part of a prompt" in skipped

@@ -51,7 +51,13 @@ numbers:
   through ``token_inputs`` (0.6.6). vLLM keys an item by its identifier (and, from 0.19.0, its
   offset in the block), never its length, on the ground that its processor gives every prompt the
   placeholder form: the release declares ``mm_placeholders`` and is sent only prompts of that form
-  (:mod:`pagedprefix.conformance.protocol.placeholders`). A required parameter the adapter does not know
+  (:mod:`pagedprefix.conformance.protocol.placeholders`).
+- **Prompt embeddings** (from 0.11.1, where the key has a prompt-embeds field): one ``uint8`` row per
+  position (:func:`~pagedprefix.conformance.engines.vllm.embeds_inputs`), in vLLM's mixed form
+  with ``prompt_is_token_ids`` (0.21.0 on: ``embeds_placeholders``), or for the whole prompt with
+  ``prompt_token_ids=None`` (0.11.1 to 0.20.2: ``embeds_whole``, prompts embedded at every
+  position). 0.11.0's key has no such field and its engine turns prefix caching off with
+  embeddings: not driven, with that reason. A required parameter the adapter does not know
   raises ``EngineUnavailable`` (never a guess). ``SamplingParams(max_tokens=2**20)`` is the
   release's own class.
 - **allocate.** ``get_computed_blocks`` returns a list (before 0.8.3), ``(blocks, tokens)`` or
@@ -243,6 +249,12 @@ class ReleaseInfo:
     events: bool = False
     embeds_mixed: bool = False
     embeds_keyed: bool = False
+
+    @property
+    def embeds_whole(self) -> bool:
+        """The key has a prompt-embeds field and ``Request`` takes ``prompt_embeds`` for a whole prompt
+        only (0.11.1 to 0.20.2): sent in the whole form (``Capabilities.embeds_whole``)."""
+        return self.embeds_keyed and self.prompt_embeds and not self.embeds_mixed
     groups: frozenset[str] = frozenset()
     retention: str = ""
     hybrid_events: bool = False
@@ -468,13 +480,17 @@ def release_channels(info: ReleaseInfo) -> tuple[Channel, ...]:
     if info.embeds_mixed:
         channels.append(Channel("prompt_embeds", "Request(prompt_embeds=tensor, prompt_is_token_ids=mask)",
                                 True, "prompt_embeds", EMBEDS_CHANNEL))
+    elif info.embeds_whole:
+        whole = (
+            "the release takes embeddings for the whole prompt only (`Request(prompt_token_ids=None, "
+            "prompt_embeds=...)`; vLLM's mixed form comes in 0.21.0): it declares `embeds_whole` and is "
+            "sent only prompts embedded at every position (`placeholders.Form.whole`), each position's "
+            "row as in the mixed form; its `Request` holds token 0 at every position"
+        )
+        channels.append(Channel("prompt_embeds", "Request(prompt_token_ids=None, prompt_embeds=tensor)", True,
+                                "prompt_embeds", whole))
     elif info.prompt_embeds:
         why = (
-            "the release takes embeddings for the whole prompt only (`Request` has no "
-            "`prompt_is_token_ids`, vLLM's mixed form comes in 0.21.0), where the spec embeds some "
-            "positions of a token prompt: not driven (whole-prompt embeddings are a form the generator "
-            "does not make yet)"
-            if info.embeds_keyed else
             "the release's key has no prompt-embeds field (no `_gen_prompt_embeds_extra_hash_keys`), and "
             "its engine turns prefix caching off with prompt embeddings (`vllm/engine/arg_utils.py`: "
             "\"When prefix caching supports prompt embeds inputs\")"
@@ -553,12 +569,13 @@ def release_capabilities(info: ReleaseInfo) -> Capabilities:
         extras.add("cache_salt")
     if info.mm_input:
         extras.add("mm")
-    if info.embeds_mixed:
+    if info.embeds_mixed or info.embeds_whole:
         extras.add("prompt_embeds")
     return replace(
         CAPABILITIES_0_33,
         mm_placeholders=bool(info.mm_input),
-        embeds_placeholders=info.embeds_mixed,
+        embeds_placeholders=info.embeds_mixed or info.embeds_whole,
+        embeds_whole=info.embeds_whole,
         reset=info.reset,
         extras=frozenset(extras),  # type: ignore[arg-type]
         free_order=info.free_order,
@@ -780,9 +797,13 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
         }
         values.update(self._mm_values(extras))
         if extras.prompt_embeds is not None:
-            if not self.info.embeds_mixed:
-                raise UnsupportedConfig(f"vLLM {self.info.version} takes no partial prompt embeddings")
-            values.update(embeds_inputs(len(tokens), extras.prompt_embeds))
+            rows = embeds_inputs(len(tokens), extras.prompt_embeds)
+            if self.info.embeds_whole:  # the whole prompt is embedded (Form.whole): no token ids
+                values.update(prompt_token_ids=None, prompt_embeds=rows["prompt_embeds"])
+            elif self.info.embeds_mixed:
+                values.update(rows)
+            else:  # never sent: the release does not declare prompt_embeds
+                raise NotImplementedError(f"vLLM {self.info.version} takes no prompt embeddings")
         if "inputs" in params:
             carried = ("multi_modal_hashes", "multi_modal_placeholders")
             mm_inputs = {k: values.pop(k) for k in carried if k in values}

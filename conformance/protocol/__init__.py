@@ -84,7 +84,7 @@ SEED_PROMISES: tuple[str, ...] = ("equal", "differ", "unpromised")
 """What an engine promises of the keys two fresh processes give one block (``seed_pinned``,
 ``seed_unpinned``): the same key, different keys, or nothing."""
 
-ADAPTER_PROTOCOL_VERSION = 6
+ADAPTER_PROTOCOL_VERSION = 7
 """The adapter-protocol version this suite speaks: the set of :class:`Capabilities` fields (and
 the adapter methods they bring) it knows. An adapter declares the version it was written against
 in ``Capabilities.protocol_version``; conformance/CHANGELOG.md says what each version added.
@@ -125,6 +125,7 @@ CAPABILITY_VERSIONS: Mapping[str, int] = {
     "seed_pinned": 6,
     "seed_unpinned": 6,
     "seed_source": 6,
+    "embeds_whole": 7,
 }
 """The adapter-protocol version that introduced each capability field (conformance/CHANGELOG.md)."""
 
@@ -176,6 +177,10 @@ class Capabilities:
             mixed prompts: a sentinel token there, zeroed by its ``Request``): it is sent only
             prompts whose embedded positions hold the placeholder token
             (:mod:`pagedprefix.conformance.protocol.placeholders`, ``Form.embeds``).
+        embeds_whole: takes prompt embeddings for a whole prompt only, never mixed with token ids
+            (vLLM 0.11.1 to 0.20.2: ``Request(prompt_token_ids=None, prompt_embeds=...)``): with
+            ``embeds_placeholders``, it is sent only prompts whose embeddings cover every position
+            and that carry no multimodal item (``Form.whole``).
         spells_extras: the adapter has ``spell_extras(extras) -> {kind: str}``, the strings its
             engine keys extra keys by (e.g. a LoRA's id string); the suite builds salts equal to
             them and to their concatenations, to find untyped aliasing.
@@ -251,6 +256,7 @@ class Capabilities:
     spells_extras: bool = False
     mm_placeholders: bool = False
     embeds_placeholders: bool = False
+    embeds_whole: bool = False
     groups: frozenset[str] = field(default=frozenset())
     retention: str = "replay"
     group_free_order: str = "group_major"

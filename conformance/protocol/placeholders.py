@@ -21,7 +21,11 @@ skipped for such an engine with the reason (:func:`form_violation`).
 Prompt embeddings have the same form for an engine that reads no token id at a position whose input
 is an embedding (``Capabilities.embeds_placeholders``: vLLM's mixed prompts, where the frontend puts
 a sentinel token at each embedded position, from 0.29 zeroed by ``Request``): each embedded position
-holds :data:`PLACEHOLDER_TOKEN` (:class:`Form`); other positions may hold any token.
+holds :data:`PLACEHOLDER_TOKEN` (:class:`Form`); other positions may hold any token. An engine that
+takes embeddings for a whole prompt only (``Capabilities.embeds_whole``: vLLM 0.11.1 to 0.20.2) is
+sent prompts whose embeddings cover every position (``Form.whole``): :func:`placeholder_form` embeds
+each position that held a token with the bytes of that token (``t<token>``), so prompts that
+differed in their tokens still differ.
 """
 
 from __future__ import annotations
@@ -56,18 +60,23 @@ def item_length(identifier: str) -> int:
 class Form:
     """Which placeholder rules the prompts of an engine obey: ``mm`` (each item's positions hold
     :data:`PLACEHOLDER_TOKEN`, no position outside the items and embeddings does, an identifier has
-    one length: ``Capabilities.mm_placeholders``) and ``embeds`` (each position whose input is an
+    one length: ``Capabilities.mm_placeholders``), ``embeds`` (each position whose input is an
     embedding holds :data:`PLACEHOLDER_TOKEN`, and its embedding has at most
-    :data:`MAX_EMBED_BYTES` bytes: ``Capabilities.embeds_placeholders``)."""
+    :data:`MAX_EMBED_BYTES` bytes: ``Capabilities.embeds_placeholders``) and ``whole`` (a prompt
+    with embeddings has one at every position and no multimodal item: ``Capabilities.embeds_whole``)."""
 
     mm: bool = True
     embeds: bool = False
+    whole: bool = False
 
     def requirement(self) -> str:
         """What a vector case outside the form needs, for a skip reason."""
-        if self.mm and self.embeds:
-            return "multimodal keys by offset and length, token ids at embedded positions"
-        return "token ids at embedded positions" if self.embeds else "multimodal keys by offset and length"
+        needs = ["multimodal keys by offset and length"] if self.mm else []
+        if self.embeds:
+            needs.append("token ids at embedded positions")
+        if self.whole:
+            needs.append("prompt embeddings for part of a prompt")
+        return ", ".join(needs)
 
 
 MM_FORM = Form()
@@ -82,7 +91,8 @@ def form_of(caps: Capabilities) -> Form | None:
     """The form an engine's capabilities declare, or ``None`` (every prompt may be sent)."""
     if not (caps.mm_placeholders or caps.embeds_placeholders):
         return None
-    return Form(caps.mm_placeholders, caps.embeds_placeholders)
+    whole = caps.embeds_placeholders and caps.embeds_whole
+    return Form(caps.mm_placeholders, caps.embeds_placeholders, whole)
 
 
 def form_violation(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM) -> str | None:
@@ -102,6 +112,10 @@ def form_violation(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM) 
             if len(data) > MAX_EMBED_BYTES:
                 return f"an embedding of {len(data)} bytes (at most {MAX_EMBED_BYTES} in the form)"
         embedded = set(extras.prompt_embeds.positions)
+        if form.whole and embedded != set(range(len(tokens))):
+            return f"embeddings at {len(embedded)} of {len(tokens)} positions (the whole prompt or none)"
+        if form.whole and extras.mm_items:
+            return "multimodal items with prompt embeddings"
     for pos, token in enumerate(tokens):
         if pos in embedded and token != PLACEHOLDER_TOKEN:
             return f"position {pos} is embedded but holds token {token}"
@@ -133,7 +147,9 @@ def placeholder_form(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM
     """``(tokens, extras)`` turned into ``form``: with ``form.mm``, each item given its identifier's
     length (dropped when it then reaches past the prompt or overlaps an earlier item); with
     ``form.embeds``, each embedding cut to :data:`MAX_EMBED_BYTES` (dropped when it lies past the
-    prompt); the positions of the items and
+    prompt); with ``form.whole``, a prompt with embeddings embedded at every position (a position
+    that held a token gets its bytes, ``t<token>``) and its multimodal items dropped; the
+    positions of the items and
     embeddings set to :data:`PLACEHOLDER_TOKEN` and, with ``form.mm``, every other placeholder
     position set to :data:`OTHER_TOKEN`."""
     n = len(tokens)
@@ -150,6 +166,11 @@ def placeholder_form(tokens: Sequence[int], extras: Extras, form: Form = MM_FORM
         items = tuple(kept)
         inside = {p for item in items for p in range(item.start, item.start + item.length)}
     embeds = extras.prompt_embeds
+    if form.whole and embeds is not None:  # every position embedded; a token's bytes where it had none
+        given = dict(zip(embeds.positions, embeds.data))
+        data = tuple(given.get(p, f"t{t}".encode()) for p, t in enumerate(tokens))
+        embeds = PromptEmbeds(tuple(range(n)), data)
+        items, inside = (), set()
     if form.embeds and embeds is not None:
         kept_embeds = [(p, d[:MAX_EMBED_BYTES]) for p, d in zip(embeds.positions, embeds.data) if p < n]
         embeds = None
