@@ -608,7 +608,40 @@ def untagged_bytes(value: object) -> bytes:
     return repr(value).encode("utf-8")
 
 
-class VllmHybridAdapter(VllmAdapter):
+class HybridTables(VllmRequests):
+    """What the 0.33.0 hybrid adapter and a release's (:mod:`.vllm_release`) share: one table per
+    group from ``get_block_ids``, vLLM's null block (id 0) as ``None`` and every other id shifted by
+    ``shift`` (1 where the pool has a null block), and a refusal summed over the groups."""
+
+    groups: Groups
+    shift: int = 1
+
+    def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
+        null = 0 if self.shift else -1
+        return tuple(
+            tuple(None if b == null else b - self.shift for b in table)
+            for table in self.manager.get_block_ids(vid)
+        )
+
+    def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
+        return tuple(b for b in self._tables(vid)[0] if b is not None)
+
+    def _refused(self, request: Any, held: int) -> spec.OutOfBlocks:
+        """The blocks a request needs, summed over its groups (how many more it needed is not
+        vLLM's to say: ``allocate_slots`` answers ``None``)."""
+        total = sum(-(-request.num_tokens // g.block_size) for g in self.groups)
+        free = self.num_free_blocks()
+        return spec.OutOfBlocks(
+            None, free, self.num_blocks, total,
+            message=f"{self._refusing()}'s allocate_slots refused ({free} blocks free)",
+        )
+
+    def block_tables(self, request_id: spec.RequestId) -> tuple[tuple[int | None, ...], ...]:
+        vid, _ = self._live(request_id)
+        return self._tables(vid)
+
+
+class VllmHybridAdapter(HybridTables, VllmAdapter):
     """vLLM's ``HybridKVCacheCoordinator`` over one pool, for a config with hybrid groups (module
     docstring, "Hybrid KV-cache groups")."""
 
@@ -631,23 +664,10 @@ class VllmHybridAdapter(VllmAdapter):
             self.capabilities, retention=config.retention, group_free_order="group_major", events=kv_events
         )
 
-    def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
-        return tuple(tuple(None if b == 0 else b - 1 for b in t) for t in self.manager.get_block_ids(vid))
-
-    def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
-        return tuple(b for b in self._tables(vid)[0] if b is not None)
-
     def _keep_junction(self, request: Any, junction: Any) -> None:
         # The scheduler stores the junction get_computed_blocks returns on the request
         # (Scheduler.schedule: request.shared_prefix_boundary); cache_blocks retains it.
         request.shared_prefix_boundary = junction
-
-    def _refused(self, request: Any, held: int) -> spec.OutOfBlocks:
-        total = sum(-(-request.num_tokens // g.block_size) for g in self.groups)
-        free = self.pool.get_num_free_blocks()
-        return spec.OutOfBlocks(
-            None, free, self.num_blocks, total, message=f"vLLM's allocate_slots refused ({free} blocks free)"
-        )
 
     def allocate(  # type: ignore[override]
         self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
@@ -661,10 +681,6 @@ class VllmHybridAdapter(VllmAdapter):
         vid, request = self._live(request_id)
         self._append(request, tokens, self.manager.allocate_slots, lambda: self._refused(request, 0))
         return spec.HybridAppendResult((), self._tables(vid))
-
-    def block_tables(self, request_id: spec.RequestId) -> tuple[tuple[int | None, ...], ...]:
-        vid, _ = self._live(request_id)
-        return self._tables(vid)
 
 
 _KCU = "`kv_cache_utils."

@@ -143,6 +143,7 @@ from .vllm import (
     EMBEDS_CHANNEL,
     MAX_MODEL_LEN,
     SAMPLING_MAX_TOKENS,
+    HybridTables,
     VllmRequests,
     embeds_inputs,
     lora_path,
@@ -1044,29 +1045,10 @@ class ReleaseAdapter(NumberedEvents, VllmRequests):
             self.manager.new_step_starts()
 
 
-class ReleaseHybridAdapter(ReleaseAdapter):
+class ReleaseHybridAdapter(HybridTables, ReleaseAdapter):
     """A release's ``HybridKVCacheCoordinator`` over one pool, for a config with hybrid groups
-    (module docstring, "Hybrid groups"): one table per group, ``None`` for vLLM's null block."""
-
-    def _tables(self, vid: str) -> tuple[tuple[int | None, ...], ...]:
-        null = 0 if self.shift else -1
-        return tuple(
-            tuple(None if b == null else b - self.shift for b in table)
-            for table in self.manager.get_block_ids(vid)
-        )
-
-    def _table(self, vid: str, request: Any = None) -> tuple[int, ...]:
-        return tuple(b for b in self._tables(vid)[0] if b is not None)
-
-    def _refused(self, request: Any, held: int) -> spec.OutOfBlocks:
-        """The blocks a request needs, summed over its groups (as the 0.33.0 hybrid adapter reports
-        a refusal: how many more it needed is not the release's to say)."""
-        total = sum(-(-request.num_tokens // g.block_size) for g in self.groups)
-        free = self.num_free_blocks()
-        return spec.OutOfBlocks(
-            None, free, self.num_blocks, total,
-            message=f"{self._refusing()}'s allocate_slots refused ({free} blocks free)",
-        )
+    (module docstring, "Hybrid groups"): the tables and refusals of the 0.33.0 hybrid adapter
+    (:class:`~pagedprefix.conformance.engines.vllm.HybridTables`)."""
 
     def allocate(  # type: ignore[override]
         self, request_id: spec.RequestId, tokens: Sequence[int], extras: spec.Extras = spec.NO_EXTRAS
@@ -1080,10 +1062,6 @@ class ReleaseHybridAdapter(ReleaseAdapter):
         vid, request = self._live(request_id)
         self._grow(request, tokens, 0)
         return spec.HybridAppendResult((), self._tables(vid))
-
-    def block_tables(self, request_id: spec.RequestId) -> tuple[tuple[int | None, ...], ...]:
-        vid, _ = self._live(request_id)
-        return self._tables(vid)
 
 
 @contextlib.contextmanager
